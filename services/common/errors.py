@@ -1,0 +1,100 @@
+"""Domain exceptions and the one error envelope every service answers with.
+
+Service code raises these; `install_error_handlers` maps them to status codes. Anything else is a bug (500).
+The body carries DESIGN §7's `{"detail": reason}` and STYLE's `{"error": {type, message, param, code}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class BridgeError(Exception):
+    status_code = 400
+    type = "invalid_request"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class InvalidRequest(BridgeError):
+    status_code = 400
+    type = "invalid_request"
+
+
+class Unauthorized(BridgeError):
+    status_code = 401
+    type = "unauthorized"
+
+
+class Forbidden(BridgeError):
+    status_code = 403
+    type = "forbidden"
+
+
+class NotFound(BridgeError):
+    status_code = 404
+    type = "not_found"
+
+
+class Conflict(BridgeError):
+    status_code = 409
+    type = "conflict"
+
+
+class PayloadTooLarge(BridgeError):
+    status_code = 413
+    type = "payload_too_large"
+
+
+class NotReady(BridgeError):
+    status_code = 503
+    type = "not_ready"
+
+
+class UpstreamUnavailable(BridgeError):
+    status_code = 502
+    type = "upstream_unavailable"
+
+
+def error_body(status: int, type_: str, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {
+        "detail": message,
+        "error": {"type": type_, "message": message, "param": param, "code": code or str(status)},
+    }
+
+
+def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    parts = []
+    for err in errors[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    first = errors[0].get("loc", ()) if errors else ()
+    param = ".".join(str(p) for p in first if p != "body") or None
+    return "; ".join(parts) or "invalid request body", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(BridgeError)
+    async def _bridge_error(_: Request, exc: BridgeError) -> JSONResponse:
+        body = error_body(exc.status_code, exc.type, exc.message, exc.param, exc.code)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _describe_validation(list(exc.errors()))
+        return JSONResponse(error_body(422, "invalid_request", message, param), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        return JSONResponse(error_body(exc.status_code, "http_error", message), status_code=exc.status_code)

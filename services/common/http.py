@@ -1,0 +1,72 @@
+"""Pieces every FastAPI service uses: a body-size limit and bearer-token admin auth."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from services.common.errors import Forbidden, Unauthorized, error_body
+
+
+class BodySizeLimit:
+    """Refuses bodies over `max_bytes` with 413 before they are read into memory (chunked bodies too)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        import json
+
+        body = json.dumps(error_body(413, "payload_too_large", f"request body exceeds {self.max_bytes} bytes")).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def check_bearer(request: Request, expected: str) -> None:
+    """Constant-time bearer check: 401 without credentials, 403 with wrong ones."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("admin endpoint: send 'Authorization: Bearer <BRIDGE_ADMIN_TOKEN>'")
+    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise Forbidden("admin token is not valid")

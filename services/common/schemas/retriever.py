@@ -1,0 +1,89 @@
+"""Wire models of the retriever service (DESIGN §7). Every request refuses unknown fields and is bounded."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+MAX_QUERIES = 256
+MAX_QUERY_CHARS = 2_000
+MAX_TOP_K = 50
+MAX_CANDIDATES = 200
+MAX_DOCUMENTS = 1_024
+MAX_DOC_CHARS = 20_000
+
+QueryText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUERY_CHARS)]
+DocId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\s/]+$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchRequest(Strict):
+    queries: list[QueryText] = Field(min_length=1, max_length=MAX_QUERIES)
+    top_k: int = Field(3, ge=1, le=MAX_TOP_K)
+    mode: Literal["greedy", "sample"] = "greedy"
+    candidates: int = Field(20, ge=1, le=MAX_CANDIDATES, description="M: how many candidates p_phi covers.")
+    temperature: float = Field(1.0, gt=0.0, le=100.0, description="Softmax temperature over candidate scores.")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+
+    @model_validator(mode="after")
+    def _top_k_within_candidates(self) -> SearchRequest:
+        if self.top_k > self.candidates:
+            raise ValueError(f"top_k ({self.top_k}) must not exceed candidates ({self.candidates})")
+        return self
+
+
+class ScoredDoc(BaseModel):
+    id: str
+    title: str
+    text: str
+    score: float
+
+
+class Candidate(BaseModel):
+    id: str
+    score: float
+
+
+class SearchResult(BaseModel):
+    query: str
+    docs: list[ScoredDoc]
+    candidates: list[Candidate]
+    logprob: float | None = Field(
+        None, description="Plackett–Luce log-prob of the shown docs in order (sample mode only)."
+    )
+
+
+class SearchResponse(BaseModel):
+    retriever_version: str
+    results: list[SearchResult]
+
+
+class Document(Strict):
+    id: DocId
+    title: Annotated[str, StringConstraints(max_length=1_000)] = ""
+    text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_DOC_CHARS)]
+
+
+class UpsertDocumentsRequest(Strict):
+    documents: list[Document] = Field(min_length=1, max_length=MAX_DOCUMENTS)
+
+
+class UpsertDocumentsResponse(BaseModel):
+    upserted: int
+    unchanged: int = 0
+
+
+class DeleteDocumentResponse(BaseModel):
+    deleted: str
+
+
+class RetrieveRequest(Strict):
+    """Search-R1's retrieval-server body."""
+
+    queries: list[QueryText] = Field(min_length=1, max_length=MAX_QUERIES)
+    topk: int = Field(3, ge=1, le=MAX_TOP_K)
+    return_scores: bool = False

@@ -1,0 +1,77 @@
+"""Settings shared by every BRIDGE process, read from the environment in one place.
+
+Each service subclasses `CommonSettings` with its own env prefix; nothing here is built at import time.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path.home() / ".bridge"
+RETRIEVER_MODEL_NAME = "all-MiniLM-L6-v2"
+POLICY_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+class CommonSettings(BaseSettings):
+    """Where data lives and how the processes find each other (`BRIDGE_*`, `REDIS_URL`, `QDRANT_URL`)."""
+
+    model_config = SettingsConfigDict(env_prefix="BRIDGE_", extra="ignore", populate_by_name=True)
+
+    # Explicit aliases: a service's own prefix (BRIDGE_RETRIEVER_...) must not hide the shared variables.
+    data_dir: Path = Field(
+        DEFAULT_DATA_DIR,
+        validation_alias=AliasChoices("BRIDGE_DATA_DIR", "data_dir"),
+        description="Root of models, indexes, checkpoints and logs.",
+    )
+    admin_token: str | None = Field(
+        None,
+        validation_alias=AliasChoices("BRIDGE_ADMIN_TOKEN", "admin_token"),
+        description="Bearer token for admin endpoints; generated into the data dir when unset.",
+    )
+    redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
+    qdrant_url: str | None = Field(None, validation_alias=AliasChoices("QDRANT_URL", "qdrant_url"))
+    environment: str = Field(
+        "development",
+        validation_alias=AliasChoices("BRIDGE_ENVIRONMENT", "environment"),
+        description="'production' refuses a missing admin token.",
+    )
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.data_dir / "checkpoints"
+
+    @property
+    def retriever_model_dir(self) -> Path:
+        return self.models_dir / RETRIEVER_MODEL_NAME
+
+    @property
+    def policy_model_dir(self) -> Path:
+        return self.models_dir / POLICY_MODEL_NAME
+
+    def resolve_admin_token(self) -> str:
+        """The configured token, else one generated once and kept in `<data_dir>/admin_token` (mode 600)."""
+        if self.admin_token:
+            return self.admin_token
+        if self.environment == "production":
+            raise ValueError("BRIDGE_ADMIN_TOKEN must be set when BRIDGE_ENVIRONMENT=production")
+        path = self.data_dir / "admin_token"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(secrets.token_urlsafe(32))
+            tmp.chmod(0o600)
+            tmp.replace(path)
+        return path.read_text().strip()

@@ -1,0 +1,53 @@
+"""`build_app(settings)`: the retriever service. Models and the index load in the lifespan, not at import."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+
+from services.common.errors import install_error_handlers
+from services.common.http import BodySizeLimit
+from services.retriever.metrics import RetrieverMetrics
+from services.retriever.routes import checkpoints, documents, health, search
+from services.retriever.service import RetrieverService
+from services.retriever.settings import RetrieverSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_app(settings: RetrieverSettings | None = None) -> FastAPI:
+    settings = settings or RetrieverSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.admin_token = settings.resolve_admin_token()
+        service = await asyncio.to_thread(RetrieverService, settings)
+        await service.start()
+        app.state.service = service
+        log.info("retriever ready: version %s, %d documents", service.active.version, service.document_count())
+        try:
+            yield
+        finally:
+            app.state.service = None
+            await service.stop()
+
+    app = FastAPI(title="BRIDGE retriever", version="1", lifespan=lifespan)
+    app.state.service = None
+    app.state.metrics = RetrieverMetrics()
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        app.state.metrics.requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
+        return response
+
+    for router in (search.router, documents.router, checkpoints.router, health.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,83 @@
+"""Gathers concurrent search calls into one encoder forward and one index query batch.
+
+Requests that arrive while a batch runs wait in the queue and go together in the next one, so throughput
+grows with concurrency instead of each request paying its own forward pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class _Job:
+    key: Any
+    items: list[Any]
+    future: asyncio.Future = field(repr=False)
+
+
+class MicroBatcher:
+    """`await submit(key, items)` -> results for `items`; `run(key, all_items)` does one batch per key."""
+
+    def __init__(
+        self,
+        run: Callable[[Any, list[Any]], list[Any]],
+        executor: ThreadPoolExecutor,
+        max_items: int = 512,
+        wait_s: float = 0.001,
+    ) -> None:
+        self._run = run
+        self._executor = executor
+        self._max_items = max_items
+        self._wait_s = wait_s
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def submit(self, key: Any, items: list[Any]) -> list[Any]:
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Job(key, items, future))
+        return await future
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = [await self._queue.get()]
+            if self._wait_s:
+                await asyncio.sleep(self._wait_s)
+            count = len(jobs[0].items)
+            while not self._queue.empty() and count < self._max_items:
+                job = self._queue.get_nowait()
+                jobs.append(job)
+                count += len(job.items)
+            by_key: dict[int, list[_Job]] = {}
+            for job in jobs:
+                by_key.setdefault(id(job.key), []).append(job)
+            for group in by_key.values():
+                flat = [item for job in group for item in job.items]
+                try:
+                    results = await loop.run_in_executor(self._executor, self._run, group[0].key, flat)
+                except Exception as exc:  # delivered to each waiting caller, which re-raises it
+                    for job in group:
+                        if not job.future.done():
+                            job.future.set_exception(exc)
+                    continue
+                start = 0
+                for job in group:
+                    if not job.future.done():
+                        job.future.set_result(results[start : start + len(job.items)])
+                    start += len(job.items)

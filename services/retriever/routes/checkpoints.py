@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from services.common.checkpoints import Manifest
+from services.common.schemas.checkpoints import ActivationResponse, CheckpointList, RegisterCheckpointRequest
+from services.retriever.routes.deps import Admin, Service
+
+router = APIRouter(prefix="/v1/checkpoints")
+VersionPath = Annotated[str, Path(min_length=1, max_length=128)]
+
+
+@router.get("", response_model=CheckpointList)
+async def list_checkpoints(service: Service) -> CheckpointList:
+    return service.list_checkpoints()
+
+
+@router.post("", response_model=Manifest, dependencies=[Admin])
+async def register_checkpoint(body: RegisterCheckpointRequest, service: Service) -> Manifest:
+    # Hashing and loading weights takes a while: keep the event loop serving searches meanwhile.
+    return await asyncio.to_thread(service.register, body.path)
+
+
+@router.post("/rollback", response_model=ActivationResponse, dependencies=[Admin])
+async def rollback(service: Service) -> ActivationResponse:
+    return await asyncio.to_thread(service.rollback)
+
+
+@router.post("/{version}/activate", response_model=ActivationResponse, dependencies=[Admin])
+async def activate(version: VersionPath, service: Service) -> ActivationResponse:
+    return await asyncio.to_thread(service.activate, version)

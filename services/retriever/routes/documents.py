@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from services.common.schemas.retriever import (
+    DeleteDocumentResponse,
+    Document,
+    UpsertDocumentsRequest,
+    UpsertDocumentsResponse,
+)
+from services.retriever.routes.deps import Admin, Service
+
+router = APIRouter()
+DocIdPath = Annotated[str, Path(min_length=1, max_length=256)]
+
+
+@router.post("/v1/documents", response_model=UpsertDocumentsResponse, dependencies=[Admin])
+async def upsert_documents(body: UpsertDocumentsRequest, service: Service) -> UpsertDocumentsResponse:
+    upserted, unchanged = await service.upsert_documents(body.documents)
+    return UpsertDocumentsResponse(upserted=upserted, unchanged=unchanged)
+
+
+@router.get("/v1/documents/{doc_id}", response_model=Document, responses={404: {"description": "Unknown id"}})
+async def get_document(doc_id: DocIdPath, service: Service) -> Document:
+    return await service.get_document(doc_id)
+
+
+@router.delete("/v1/documents/{doc_id}", response_model=DeleteDocumentResponse, dependencies=[Admin])
+async def delete_document(doc_id: DocIdPath, service: Service) -> DeleteDocumentResponse:
+    await service.delete_document(doc_id)
+    return DeleteDocumentResponse(deleted=doc_id)

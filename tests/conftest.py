@@ -1,0 +1,115 @@
+"""Shared fixtures: prepared models (once per machine), free ports, services started as subprocesses."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("BRIDGE_SHARED_DATA", REPO.parent / "shared" / "data"))
+MODELS_CACHE = Path(os.environ.get("BRIDGE_TEST_MODELS", REPO / ".cache" / "test-data"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def models_root() -> Path:
+    """A data dir whose models/ holds both prepared models (prepare is idempotent, so this is cheap later)."""
+    from services.cli.prepare import prepare_retriever_model
+    from services.common.settings import CommonSettings
+
+    settings = CommonSettings(data_dir=MODELS_CACHE)
+    prepare_retriever_model(settings.retriever_model_dir)
+    return settings.models_dir
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not (SHARED_DATA / "corpus").exists():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@dataclass
+class RunningService:
+    url: str
+    token: str
+    data_dir: Path
+    process: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+def start_service(
+    name: str, data_dir: Path, env_extra: dict[str, str], ready_path: str = "/readyz", timeout: float = 180
+) -> RunningService:
+    port = free_port()
+    token = "test-admin-token"
+    env = {**os.environ, "BRIDGE_DATA_DIR": str(data_dir), "BRIDGE_ADMIN_TOKEN": token, **env_extra}
+    log_path = data_dir / f"{name}.log"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = log_path.open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.cli.main", "serve", name, "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    service = RunningService(url, token, data_dir, process, log_path)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{service.log_tail()}")
+        try:
+            if httpx.get(url + ready_path, timeout=2).status_code == 200:
+                return service
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    raise TimeoutError(f"{name} not ready after {timeout}s:\n{service.log_tail()}")
+
+
+def stop_service(service: RunningService) -> None:
+    service.process.terminate()
+    try:
+        service.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        service.process.kill()
+        service.process.wait()
+
+
+@pytest.fixture(scope="module")
+def retriever_factory(tmp_path_factory, models_root) -> Iterator:
+    started: list[RunningService] = []
+
+    def start(label: str = "retriever", **env: str) -> RunningService:
+        data_dir = tmp_path_factory.mktemp(label)
+        service = start_service(
+            "retriever",
+            data_dir,
+            {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models_root / "all-MiniLM-L6-v2"), **env},
+        )
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        stop_service(service)
