@@ -81,6 +81,9 @@ class RetrieverService:
         self._reindex_thread: threading.Thread | None = None
         self.active = self._materialise(self.registry.active)
         self.index.create_collection(self.active.collection, self.active.doc_encoder.dim)
+        if self.active.collection not in self.registry.complete_collections:
+            self.registry.complete_collections.append(self.active.collection)
+            self.registry.save(self._registry_path)
         if self.index.get_alias(settings.alias) != self.active.collection:
             self.index.set_alias(settings.alias, self.active.collection)
         self._batcher = MicroBatcher(self._search_batch, self._search_pool, wait_s=settings.batch_wait_ms / 1000)

@@ -1,0 +1,62 @@
+import json
+
+import pytest
+
+from services.common.checkpoints import load_manifest, publish_checkpoint, resolve_under_root, staging_dir
+from services.common.errors import InvalidRequest, NotFound
+
+
+def make(root, version="v1", files=None):
+    staging = staging_dir(root, version)
+    for name, data in (files or {"weights.safetensors": b"abc"}).items():
+        (staging / name).write_bytes(data)
+    return publish_checkpoint(staging, root / version, kind="retriever-query", version=version)
+
+
+def test_publish_then_load_round_trip(tmp_path):
+    manifest = make(tmp_path)
+    folder, loaded = load_manifest(tmp_path, "v1")
+    assert folder == tmp_path / "v1" and loaded == manifest
+    assert loaded.files["weights.safetensors"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_sha_mismatch_is_refused(tmp_path):
+    make(tmp_path)
+    (tmp_path / "v1" / "weights.safetensors").write_bytes(b"abd")
+    with pytest.raises(InvalidRequest, match="sha256 mismatch"):
+        load_manifest(tmp_path, "v1")
+
+
+def test_paths_outside_the_root_are_refused(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    for path in ["..", "../x", "/etc", str(tmp_path)]:
+        with pytest.raises(InvalidRequest, match="inside the checkpoint root"):
+            resolve_under_root(root, path)
+    (root / "link").symlink_to(tmp_path)
+    with pytest.raises(InvalidRequest):
+        resolve_under_root(root, "link")
+
+
+def test_pickles_and_missing_files_are_refused(tmp_path):
+    make(tmp_path, "v2", {"model.bin": b"pickle"})
+    with pytest.raises(InvalidRequest, match="safetensors only"):
+        load_manifest(tmp_path, "v2")
+    make(tmp_path, "v3")
+    (tmp_path / "v3" / "weights.safetensors").unlink()
+    with pytest.raises(InvalidRequest, match="missing"):
+        load_manifest(tmp_path, "v3")
+    with pytest.raises(NotFound):
+        load_manifest(tmp_path, "nope")
+
+
+def test_half_written_manifest_is_refused(tmp_path):
+    make(tmp_path)
+    manifest = tmp_path / "v1" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:40])
+    with pytest.raises(InvalidRequest, match="invalid manifest"):
+        load_manifest(tmp_path, "v1")
+    manifest.write_text(json.dumps({"kind": "retriever-query", "version": "v1", "files": {}}))
+    with pytest.raises(InvalidRequest, match="no files"):
+        load_manifest(tmp_path, "v1")

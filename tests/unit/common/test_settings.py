@@ -1,0 +1,30 @@
+import stat
+
+from services.common.settings import CommonSettings
+from services.retriever.settings import RetrieverSettings
+
+
+def test_shared_variables_reach_every_service(monkeypatch, tmp_path):
+    monkeypatch.setenv("BRIDGE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("QDRANT_URL", "http://qdrant:6333")
+    monkeypatch.setenv("BRIDGE_RETRIEVER_PORT", "9001")
+    settings = RetrieverSettings()
+    assert settings.data_dir == tmp_path and settings.port == 9001
+    assert settings.resolved_backend == "qdrant-server"
+    monkeypatch.delenv("QDRANT_URL")
+    assert RetrieverSettings().resolved_backend == "edge"
+
+
+def test_admin_token_is_generated_once_and_private(tmp_path):
+    settings = CommonSettings(data_dir=tmp_path)
+    token = settings.resolve_admin_token()
+    assert len(token) >= 32 and settings.resolve_admin_token() == token
+    assert stat.S_IMODE((tmp_path / "admin_token").stat().st_mode) == 0o600
+    assert CommonSettings(data_dir=tmp_path, admin_token="given").resolve_admin_token() == "given"
+
+
+def test_production_refuses_a_missing_token(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="BRIDGE_ADMIN_TOKEN"):
+        CommonSettings(data_dir=tmp_path, environment="production").resolve_admin_token()
