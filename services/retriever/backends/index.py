@@ -88,7 +88,7 @@ class VectorIndex(ABC):
 
 
 class EdgeIndex(VectorIndex):
-    def __init__(self, root: Path, hnsw_ef: int = 128) -> None:
+    def __init__(self, root: Path, hnsw_ef: int = 256) -> None:
         import qdrant_edge as qe
 
         self._qe = qe
@@ -198,7 +198,7 @@ class EdgeIndex(VectorIndex):
 class QdrantClientIndex(VectorIndex):
     """qdrant-client against a server (`url`) or embedded (`path`)."""
 
-    def __init__(self, *, url: str | None = None, path: Path | None = None, hnsw_ef: int = 128) -> None:
+    def __init__(self, *, url: str | None = None, path: Path | None = None, hnsw_ef: int = 256) -> None:
         from qdrant_client import QdrantClient, models
 
         self._models = models

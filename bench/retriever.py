@@ -1,0 +1,260 @@
+"""Retriever throughput and latency against a Search-R1-style baseline, side by side in one run.
+
+Both servers use the same encoder (same dtype) and the same document vectors: the whole shared corpus
+(every file in ../shared/data/corpus, ~33k passages). The bench embeds the corpus once (cached under
+.cache/bench), loads the vectors into our Qdrant index and into the baseline's numpy matrix, starts both
+servers as subprocesses, and drives each with the same concurrent clients at batch 1 and batch 32.
+
+It prints queries/s, p50/p99 request latency, recall@10 against exact search, and recall@10 of hotpotqa
+supporting documents for both, and the throughput ratio (target: >= 1.0x at equal recall@10).
+
+    python bench/retriever.py [--queries 512] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from services.cli.prepare import prepare_retriever_model  # noqa: E402
+from services.retriever.backends.encoder import SentenceEncoder  # noqa: E402
+from services.retriever.backends.index import EdgeIndex  # noqa: E402
+from services.retriever.registry import collection_for  # noqa: E402
+from services.retriever.service import passage_text  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+
+DTYPE = "bfloat16"
+
+
+def load_corpus(data: Path) -> list[dict]:
+    docs: dict[str, dict] = {}
+    for path in sorted((data / "corpus").glob("*.jsonl")):
+        for line in path.open():
+            row = json.loads(line)
+            docs[row["id"]] = {"doc_id": row["id"], "title": row.get("title") or "", "text": row["text"]}
+    return list(docs.values())
+
+
+def embed_corpus(docs: list[dict], encoder_dir: Path, cache: Path) -> np.ndarray:
+    key = hashlib.sha256("".join(d["doc_id"] + d["text"] for d in docs).encode()).hexdigest()[:16]
+    path = cache / f"corpus-{key}-{DTYPE}.npy"
+    if path.exists():
+        return np.load(path)
+    from tqdm import tqdm
+
+    encoder = SentenceEncoder.from_pretrained(encoder_dir, dtype=DTYPE)
+    texts = [passage_text(d["title"], d["text"]) for d in docs]
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = np.empty((len(texts), encoder.dim), dtype=np.float32)
+    for start in tqdm(range(0, len(order), 512), desc="embed corpus (once, cached)"):
+        chunk = order[start : start + 512]
+        out[chunk] = encoder.encode([texts[i] for i in chunk])
+    cache.mkdir(parents=True, exist_ok=True)
+    np.save(path, out)
+    return out
+
+
+def build_our_index(data_dir: Path, docs: list[dict], vectors: np.ndarray) -> None:
+    index = EdgeIndex(data_dir / "retriever" / "qdrant-edge")
+    collection = collection_for("base")
+    index.create_collection(collection, vectors.shape[1])
+    for start in range(0, len(docs), 2048):
+        index.upsert(collection, vectors[start : start + 2048], docs[start : start + 2048])
+    index.optimize(collection)
+    index.close()
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(url)
+
+
+async def drive(url: str, path: str, body_for, batches: list[list[str]], concurrency: int) -> dict:
+    latencies: list[float] = []
+    queue: asyncio.Queue = asyncio.Queue()
+    for batch in batches:
+        queue.put_nowait(batch)
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            batch = queue.get_nowait()
+            started = time.perf_counter()
+            response = await client.post(path, json=body_for(batch))
+            response.raise_for_status()
+            latencies.append(time.perf_counter() - started)
+
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        await client.post(path, json=body_for(batches[0]))  # warm-up
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    queries = sum(len(b) for b in batches)
+    latencies.sort()
+    return {
+        "qps": queries / elapsed,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+    }
+
+
+def top10(url: str, path: str, body_for, parse, queries: list[str]) -> list[list[str]]:
+    out = []
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for start in range(0, len(queries), 32):
+            out.extend(parse(client.post(path, json=body_for(queries[start : start + 32], 10)).json()))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--queries", type=int, default=512)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
+    args = parser.parse_args()
+
+    encoder_dir = args.work / "models" / "all-MiniLM-L6-v2"
+    prepare_retriever_model(encoder_dir)
+    docs = load_corpus(args.data)
+    vectors = embed_corpus(docs, encoder_dir, args.work)
+    print(f"corpus: {len(docs)} passages, {vectors.shape[1]}-d, dtype {DTYPE}")
+
+    questions = []
+    for path in sorted((args.data / "qa").glob("*.jsonl")):
+        questions.extend(json.loads(line) for line in path.open())
+    rng = np.random.default_rng(0)
+    picked = [questions[i] for i in rng.permutation(len(questions))[: args.queries]]
+    queries = [q["question"][:500] for q in picked]
+    hotpot = [json.loads(line) for line in (args.data / "qa" / "hotpotqa.jsonl").open()]
+
+    run_dir = args.work / f"run-{os.getpid()}"
+    build_our_index(run_dir, docs, vectors)
+    np.save(run_dir / "emb.npy", vectors)
+    (run_dir / "ids.json").write_text(json.dumps([d["doc_id"] for d in docs]))
+
+    ours_port, base_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "BRIDGE_DATA_DIR": str(run_dir),
+        "BRIDGE_ADMIN_TOKEN": "bench",
+        "BRIDGE_RETRIEVER_ENCODER_DIR": str(encoder_dir),
+        "BRIDGE_RETRIEVER_DTYPE": DTYPE,
+    }
+    logs = (run_dir / "ours.log").open("w"), (run_dir / "baseline.log").open("w")
+    ours = subprocess.Popen(
+        [sys.executable, "-m", "services.cli.main", "serve", "retriever", "--port", str(ours_port)],
+        env=env,
+        cwd=REPO,
+        stdout=logs[0],
+        stderr=subprocess.STDOUT,
+    )
+    baseline = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "bench" / "baselines" / "search_r1_server.py"),
+            str(run_dir / "emb.npy"),
+            str(run_dir / "ids.json"),
+            str(encoder_dir),
+            str(base_port),
+            DTYPE,
+        ],
+        env={**env, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        stdout=logs[1],
+        stderr=subprocess.STDOUT,
+    )
+    ours_url, base_url = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{base_port}"
+    try:
+        wait_ready(ours_url + "/readyz", ours)
+        wait_ready(base_url + "/healthz", baseline)
+
+        def ours_body(batch, k=3):
+            return {"queries": batch, "top_k": k, "candidates": max(k, 10)}
+
+        def base_body(batch, k=3):
+            return {"queries": batch, "topk": k, "return_scores": True}
+
+        def ours_parse(resp):
+            return [[d["id"] for d in r["docs"]] for r in resp["results"]]
+
+        def base_parse(resp):
+            return [[d["document"]["id"] for d in r] for r in resp["result"]]
+
+        # Quality first: recall@10 against exact search on the same vectors, and of hotpotqa supporting docs.
+        ids = [d["doc_id"] for d in docs]
+        encoder = SentenceEncoder.from_pretrained(encoder_dir, dtype=DTYPE)
+        qvec = encoder.encode(queries)
+        exact = np.argsort(-(qvec @ vectors.T), axis=1)[:, :10]
+        exact_ids = [[ids[i] for i in row] for row in exact]
+        quality = {}
+        for name, url, path, body, parse in (
+            ("ours", ours_url, "/v1/search", ours_body, ours_parse),
+            ("baseline", base_url, "/retrieve", base_body, base_parse),
+        ):
+            got = top10(url, path, body, parse, queries)
+            vs_exact = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, exact_ids, strict=True)])
+            hp = top10(url, path, body, parse, [q["question"] for q in hotpot])
+            support = np.mean(
+                [
+                    len(set(q["metadata"]["supporting_doc_ids"]) & set(r)) / len(q["metadata"]["supporting_doc_ids"])
+                    for q, r in zip(hotpot, hp, strict=True)
+                ]
+            )
+            quality[name] = (vs_exact, support)
+
+        print(f"\n{'':10} {'batch':>5} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8}   concurrency {args.concurrency}")
+        ratios = {}
+        for batch_size in (1, 32):
+            batches = [queries[i : i + batch_size] for i in range(0, len(queries), batch_size)]
+            if batch_size == 32:
+                batches = batches * 4  # enough requests for stable percentiles
+            results = {}
+            for name, url, path, body in (
+                ("baseline", base_url, "/retrieve", base_body),
+                ("ours", ours_url, "/v1/search", ours_body),
+            ):
+                results[name] = asyncio.run(drive(url, path, body, batches, args.concurrency))
+                r = results[name]
+                print(f"{name:10} {batch_size:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}")
+            ratios[batch_size] = results["ours"]["qps"] / results["baseline"]["qps"]
+        print()
+        for name, (vs_exact, support) in quality.items():
+            print(
+                f"{name:10} recall@10 vs exact search {vs_exact:.3f}   hotpotqa supporting-doc recall@10 {support:.3f}"
+            )
+        for batch_size, ratio in ratios.items():
+            print(f"throughput ratio ours/baseline at batch {batch_size}: {ratio:.2f}x (target >= 1.0x)")
+    finally:
+        for proc in (ours, baseline):
+            proc.terminate()
+            proc.wait(timeout=30)
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Wire models of the policy service (DESIGN §3, §7), and the trajectory record the trainer reads."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+MAX_QUESTION_CHARS = 2_000
+MAX_TURNS = 8
+MAX_ROLLOUT_ITEMS = 64
+MAX_GROUP_SIZE = 16
+MAX_GOLD = 32
+
+Question = Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUESTION_CHARS)]
+Gold = Annotated[str, StringConstraints(min_length=1, max_length=500)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AgentQueryRequest(Strict):
+    question: Question
+    max_turns: int = Field(4, ge=0, le=MAX_TURNS, description="Searches allowed before the final answer turn.")
+    top_k: int = Field(3, ge=1, le=10)
+
+
+class SearchStepView(BaseModel):
+    query: str
+    docs: list[dict[str, str]]
+
+
+class TurnView(BaseModel):
+    text: str
+    search: SearchStepView | None = None
+
+
+class AgentQueryResponse(BaseModel):
+    answer: str
+    trajectory_id: str
+    policy_version: str
+    retriever_version: str
+    turns: list[TurnView]
+    timings: dict[str, float]
+
+
+class RolloutItem(Strict):
+    id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    question: Question
+    golden_answers: list[Gold] = Field(min_length=1, max_length=MAX_GOLD)
+
+
+class RolloutRequest(Strict):
+    items: list[RolloutItem] = Field(min_length=1, max_length=MAX_ROLLOUT_ITEMS)
+    group_size: int = Field(4, ge=1, le=MAX_GROUP_SIZE)
+    temperature: float = Field(1.0, gt=0.0, le=5.0)
+    seed: int | None = Field(0, ge=0, le=2**31 - 1)
+    max_turns: int = Field(4, ge=0, le=MAX_TURNS)
+    top_k: int = Field(3, ge=1, le=10)
+    candidates: int = Field(20, ge=1, le=200, description="M for sampled retrieval.")
+    retrieval_temperature: float = Field(0.05, gt=0.0, le=100.0)
+    run_id: Annotated[str, StringConstraints(max_length=128)] | None = None
+
+    @model_validator(mode="after")
+    def _bounded_total(self) -> RolloutRequest:
+        if len(self.items) * self.group_size > 256:
+            raise ValueError("items x group_size must be at most 256 trajectories per request")
+        if self.top_k > self.candidates:
+            raise ValueError("top_k must not exceed candidates")
+        return self
+
+
+class RolloutSummary(BaseModel):
+    trajectory_id: str
+    item_id: str
+    answer: str | None
+    reward: float
+    em: float
+    f1: float
+    policy_version: str
+    retriever_version: str
+
+
+class RolloutResponse(BaseModel):
+    trajectories: list[RolloutSummary]
+
+
+class FeedbackRequest(Strict):
+    trajectory_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    golden_answers: list[Gold] | None = Field(None, min_length=1, max_length=MAX_GOLD)
+    reward: float | None = Field(None, ge=-10.0, le=10.0)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> FeedbackRequest:
+        if (self.golden_answers is None) == (self.reward is None):
+            raise ValueError("give exactly one of golden_answers or reward")
+        return self
+
+
+class FeedbackResponse(BaseModel):
+    trajectory_id: str
+    reward: float
+    em: float | None = None
+    f1: float | None = None
+
+
+class SearchStep(BaseModel):
+    """One retrieval inside a trajectory: what the retriever policy p_phi saw and did."""
+
+    turn: int
+    query: str
+    candidates: list[dict[str, float | str]] = Field(description="[{id, score}] over the M candidates")
+    chosen_ids: list[str]
+    chosen_titles: list[str] = Field(default_factory=list)
+    logprob: float | None = Field(None, description="Plackett–Luce log-prob of chosen_ids (sampled mode)")
+    mode: str
+    temperature: float
+    retriever_version: str
+
+
+class TurnRecord(BaseModel):
+    """Generated tokens (policy actions) then the observation tokens appended after them."""
+
+    generated_ids: list[int]
+    generated_logprobs: list[float]
+    text: str
+    finish_reason: str | None = None
+    observation_ids: list[int] = Field(default_factory=list, description="<information> tokens: masked out")
+    search: SearchStep | None = None
+
+
+class TrajectoryRecord(BaseModel):
+    id: str
+    item_id: str | None = None
+    run_id: str | None = None
+    group_index: int | None = None
+    question: str
+    golden_answers: list[str] | None = None
+    prompt: str
+    prompt_ids: list[int]
+    turns: list[TurnRecord]
+    answer: str | None
+    policy_version: str
+    retriever_version: str
+    reward: float | None = None
+    em: float | None = None
+    f1: float | None = None
+    sampling: dict[str, float | int | None] = Field(default_factory=dict)
+    created_at: float
+
+    @property
+    def token_ids(self) -> list[int]:
+        ids = list(self.prompt_ids)
+        for turn in self.turns:
+            ids += turn.generated_ids + turn.observation_ids
+        return ids
+
+    @property
+    def generated_mask(self) -> list[int]:
+        """1 on policy-generated tokens, 0 on the prompt and on retrieved <information> tokens."""
+        mask = [0] * len(self.prompt_ids)
+        for turn in self.turns:
+            mask += [1] * len(turn.generated_ids) + [0] * len(turn.observation_ids)
+        return mask

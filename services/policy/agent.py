@@ -1,0 +1,180 @@
+"""The Search-R1 agent loop over an engine and the retriever (DESIGN §3). No FastAPI here.
+
+Questions of one call advance in lockstep: every live trajectory generates (concurrently, so the engine
+batches them), then the turn's searches go to the retriever in ONE call, then the observations are
+appended as token ids. Generated ids are kept exactly as sampled; only observations are tokenised here,
+so the generated-token mask is exact by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from services.common.answers import extract_answer
+from services.common.clients.retriever import AsyncRetrieverClient
+from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord
+from services.policy.backends.engine import Engine, SamplingSpec
+from services.policy.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, format_information, parse_search
+
+
+@dataclass(frozen=True)
+class RetrievalSpec:
+    top_k: int = 3
+    mode: str = "greedy"  # "sample" in training rollouts
+    candidates: int = 20
+    temperature: float = 1.0
+
+
+@dataclass
+class AgentTask:
+    question: str
+    item_id: str | None = None
+    golden_answers: list[str] | None = None
+    group_index: int | None = None
+    seed: int | None = None
+
+
+@dataclass
+class _State:
+    task: AgentTask
+    record: TrajectoryRecord
+    context_ids: list[int]
+    done: bool = False
+    timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "retrieve_s": 0.0})
+
+
+class AgentRunner:
+    def __init__(
+        self, engine: Engine, retriever: AsyncRetrieverClient, max_new_tokens: int, max_model_len: int
+    ) -> None:
+        self.engine = engine
+        self.retriever = retriever
+        self.max_new_tokens = max_new_tokens
+        self.max_model_len = max_model_len
+        self.last_retriever_version = "unknown"
+
+    async def run(
+        self,
+        tasks: list[AgentTask],
+        *,
+        adapter: str,
+        policy_version: str,
+        temperature: float,
+        max_turns: int,
+        retrieval: RetrievalSpec,
+        run_id: str | None = None,
+        retrieval_seed: int | None = None,
+    ) -> list[tuple[TrajectoryRecord, dict[str, float]]]:
+        tokenizer = self.engine.tokenizer
+        states = []
+        for task in tasks:
+            prompt = build_prompt(tokenizer, task.question)
+            prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            record = TrajectoryRecord(
+                id=uuid.uuid4().hex,
+                item_id=task.item_id,
+                run_id=run_id,
+                group_index=task.group_index,
+                question=task.question,
+                golden_answers=task.golden_answers,
+                prompt=prompt,
+                prompt_ids=prompt_ids,
+                turns=[],
+                answer=None,
+                policy_version=policy_version,
+                retriever_version=self.last_retriever_version,
+                sampling={
+                    "temperature": temperature,
+                    "seed": task.seed,
+                    "max_turns": max_turns,
+                    "retrieval_temperature": retrieval.temperature if retrieval.mode == "sample" else None,
+                },
+                created_at=time.time(),
+            )
+            states.append(_State(task, record, list(prompt_ids)))
+
+        for turn in range(max_turns + 1):
+            live = [s for s in states if not s.done]
+            if not live:
+                break
+            final = turn == max_turns
+            stop = (ANSWER_STOP,) if final else (SEARCH_STOP, ANSWER_STOP)
+
+            async def step(state: _State, turn: int = turn, stop: tuple[str, ...] = stop):
+                budget = self.max_model_len - len(state.context_ids)
+                if budget < 8:
+                    state.done = True
+                    return None
+                seed = None if state.task.seed is None else state.task.seed * 101 + turn
+                spec = SamplingSpec(min(self.max_new_tokens, budget), temperature, stop, seed)
+                started = time.perf_counter()
+                generation = await self.engine.generate(state.context_ids, spec, adapter)
+                state.timings["generate_s"] += time.perf_counter() - started
+                return generation
+
+            generations = await asyncio.gather(*(step(s) for s in live))
+            searches: list[tuple[_State, str]] = []
+            for state, generation in zip(live, generations, strict=True):
+                if generation is None:
+                    continue
+                state.record.turns.append(
+                    TurnRecord(
+                        generated_ids=generation.token_ids,
+                        generated_logprobs=generation.logprobs,
+                        text=generation.text,
+                        finish_reason=generation.finish_reason,
+                    )
+                )
+                state.context_ids += generation.token_ids
+                query = None if final else parse_search(generation.text)
+                if query is None:
+                    state.done = True
+                else:
+                    searches.append((state, query))
+            if searches:
+                await self._search(searches, turn, retrieval, retrieval_seed)
+
+        results = []
+        for state in states:
+            generated_text = "".join(t.text for t in state.record.turns)
+            state.record.answer = extract_answer(generated_text)
+            results.append((state.record, state.timings))
+        return results
+
+    async def _search(
+        self, searches: list[tuple[_State, str]], turn: int, retrieval: RetrievalSpec, seed: int | None
+    ) -> None:
+        started = time.perf_counter()
+        response = await self.retriever.search(
+            [query for _, query in searches],
+            top_k=retrieval.top_k,
+            mode=retrieval.mode,
+            candidates=max(retrieval.candidates, retrieval.top_k),
+            temperature=retrieval.temperature,
+            seed=None if seed is None else seed * 1009 + turn,
+        )
+        elapsed = time.perf_counter() - started
+        self.last_retriever_version = response.retriever_version
+        tokenizer = self.engine.tokenizer
+        for (state, query), result in zip(searches, response.results, strict=True):
+            observation = format_information([(d.title, d.text) for d in result.docs])
+            observation_ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
+            turn_record = state.record.turns[-1]
+            turn_record.observation_ids = observation_ids
+            turn_record.search = SearchStep(
+                turn=turn,
+                query=query,
+                candidates=[{"id": c.id, "score": c.score} for c in result.candidates],
+                chosen_ids=[d.id for d in result.docs],
+                chosen_titles=[d.title for d in result.docs],
+                logprob=result.logprob,
+                mode=retrieval.mode,
+                temperature=retrieval.temperature,
+                retriever_version=response.retriever_version,
+            )
+            state.record.retriever_version = response.retriever_version
+            state.context_ids += observation_ids
+            state.timings["retrieve_s"] += elapsed

@@ -1,0 +1,55 @@
+"""The LLM engine behind one interface: a vLLM OpenAI-compatible server, or transformers in-process.
+
+Both take prompt token ids and return the generated token ids with their log-probs under the sampling
+model (vLLM's raw log-probs: before temperature), so a trajectory's tokens are exactly what was sampled.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+BASE_ADAPTER = "base"
+
+
+@dataclass(frozen=True)
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    max_tokens: int
+    temperature: float  # 0 = greedy
+    stop: tuple[str, ...]
+    seed: int | None = None
+
+
+class EngineError(Exception):
+    """The engine failed or timed out; the caller answers 502/504, never a hang."""
+
+
+class Engine(ABC):
+    tokenizer: PreTrainedTokenizerBase
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None: ...
+
+    @abstractmethod
+    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, adapter: str) -> Generation:
+        """Continue `prompt_ids` with the base model (`adapter == "base"`) or a loaded LoRA adapter."""
+
+    @abstractmethod
+    async def load_adapter(self, name: str, path: Path) -> None: ...
+
+    @abstractmethod
+    async def unload_adapter(self, name: str) -> None: ...

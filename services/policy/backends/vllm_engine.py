@@ -1,0 +1,122 @@
+"""vLLM behind its OpenAI-compatible server: started as a subprocess (embedded) or reached by URL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+from transformers import AutoTokenizer
+
+from services.policy.backends.engine import BASE_ADAPTER, Engine, EngineError, Generation, SamplingSpec
+from services.policy.settings import PolicySettings
+
+
+class VLLMEngine(Engine):
+    def __init__(self, settings: PolicySettings) -> None:
+        self.settings = settings
+        self.tokenizer = AutoTokenizer.from_pretrained(settings.resolved_model_dir)
+        self.url = settings.vllm_url or f"http://127.0.0.1:{settings.vllm_port}"
+        self._process: subprocess.Popen | None = None
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=settings.request_timeout_s)
+
+    def command(self) -> list[str]:
+        s = self.settings
+        return [
+            s.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", s.resolved_model_dir,
+            "--served-model-name", BASE_ADAPTER,
+            "--host", "127.0.0.1", "--port", str(s.vllm_port),
+            "--dtype", s.dtype,
+            "--max-model-len", str(s.max_model_len),
+            "--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", str(s.max_loras),
+            "--disable-uvicorn-access-log",
+            *shlex.split(s.vllm_args),
+        ]  # fmt: skip
+
+    async def start(self) -> None:
+        if self.settings.vllm_url is None:
+            logs = self.settings.data_dir / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            env = {
+                **os.environ,
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(self.settings.data_dir / "vllm-cache")),
+            }
+            if "VLLM_CPU_OMP_THREADS_BIND" not in env and os.cpu_count():
+                env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"
+            self._log = (logs / "vllm.log").open("ab")
+            # A new session: Ctrl-C in the parent's terminal must not kill vLLM before we stop it in order.
+            self._process = subprocess.Popen(
+                self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        await self._wait_healthy()
+
+    async def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.settings.vllm_startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise EngineError(f"vLLM exited with {self._process.returncode}; see {self.settings.data_dir}/logs")
+            try:
+                if (await self._http.get("/health", timeout=5)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(1)
+        raise EngineError(f"vLLM at {self.url} not healthy after {self.settings.vllm_startup_timeout_s}s")
+
+    async def stop(self) -> None:
+        await self._http.aclose()
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                await asyncio.to_thread(self._process.wait, 30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                await asyncio.to_thread(self._process.wait)
+        self._process = None
+
+    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, adapter: str) -> Generation:
+        body = {
+            "model": adapter,
+            "prompt": prompt_ids,
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "top_p": 1.0,
+            "seed": spec.seed,
+            "stop": list(spec.stop),
+            "include_stop_str_in_output": True,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        try:
+            response = await self._http.post("/v1/completions", json=body)
+        except httpx.TimeoutException as exc:
+            raise EngineError(f"vLLM did not answer within {self.settings.request_timeout_s}s") from exc
+        except httpx.TransportError as exc:
+            raise EngineError(f"vLLM unreachable: {exc}") from exc
+        if response.status_code != 200:
+            raise EngineError(f"vLLM answered {response.status_code}: {response.text[:300]}")
+        choice = response.json()["choices"][0]
+        return Generation(
+            token_ids=list(choice["token_ids"]),
+            logprobs=[float(x) for x in choice["logprobs"]["token_logprobs"]],
+            text=choice["text"],
+            finish_reason=choice.get("finish_reason"),
+        )
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
+        response = await self._http.post("/v1/load_lora_adapter", json=body)
+        if response.status_code != 200:
+            raise EngineError(f"vLLM refused adapter {name}: {response.text[:300]}")
+
+    async def unload_adapter(self, name: str) -> None:
+        response = await self._http.post("/v1/unload_lora_adapter", json={"lora_name": name})
+        if response.status_code not in (200, 404):
+            raise EngineError(f"vLLM could not unload adapter {name}: {response.text[:300]}")

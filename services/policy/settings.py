@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import sys
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import CommonSettings
+
+
+class PolicySettings(CommonSettings):
+    """`BRIDGE_POLICY_*` (plus the common `BRIDGE_*` and `REDIS_URL`)."""
+
+    model_config = SettingsConfigDict(env_prefix="BRIDGE_POLICY_", extra="ignore", populate_by_name=True)
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine: Literal["vllm", "transformers"] = Field(
+        "vllm", description="vllm: an OpenAI-compatible vLLM server; transformers: in-process, where vLLM can't run."
+    )
+    model_dir: str | None = Field(None, description="HF causal-LM folder; default <models>/SmolLM2-135M-Instruct.")
+    vllm_url: str | None = Field(None, description="Reach a running vLLM server here instead of starting one.")
+    vllm_port: int = 8011
+    vllm_python: str = Field(sys.executable, description="Interpreter that has vLLM installed.")
+    vllm_args: str = Field("", description="Extra command-line arguments for the vLLM server.")
+    vllm_startup_timeout_s: float = Field(900, ge=10)
+    max_model_len: int = Field(4096, ge=256)
+    max_lora_rank: int = Field(16, ge=1, le=256)
+    max_loras: int = Field(4, ge=1, le=64)
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    retriever_url: str = "http://127.0.0.1:8001"
+    max_new_tokens: int = Field(256, ge=8, le=4096, description="Tokens per generation turn.")
+    request_timeout_s: float = Field(600, ge=1, description="Cap on one engine call; a hung engine fails cleanly.")
+    trajectory_stream: str = "bridge:trajectories"
+    feedback_stream: str = "bridge:feedback"
+    stream_maxlen: int = Field(100_000, ge=100, description="Approximate cap on stream entries (XADD MAXLEN ~).")
+    trajectory_ttl_s: int = Field(7 * 24 * 3600, ge=60)
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+
+    @property
+    def resolved_model_dir(self) -> str:
+        return self.model_dir or str(self.policy_model_dir)
+
+    @property
+    def resolved_redis_url(self) -> str:
+        return self.redis_url or "redis://127.0.0.1:6379/0"
+
+    @property
+    def state_dir(self):
+        return self.data_dir / "policy"

@@ -1,0 +1,67 @@
+"""Trajectories in Redis: each record under its own key (for GET by id and feedback) and appended to a
+bounded stream that the trainer reads through a consumer group. Written before the response returns,
+so a trajectory a client has seen is never lost to a crash of this process."""
+
+from __future__ import annotations
+
+import json
+
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from services.common.errors import NotFound
+from services.common.schemas.policy import TrajectoryRecord
+
+
+class TrajectoryStore:
+    def __init__(self, url: str, stream: str, feedback_stream: str, maxlen: int, ttl_s: int) -> None:
+        # Reconnect with backoff when Redis restarts, instead of failing the request on the first error.
+        retry = Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=8)
+        self.redis = aioredis.from_url(
+            url,
+            decode_responses=True,
+            retry=retry,
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            socket_timeout=10,
+            health_check_interval=30,
+        )
+        self.stream = stream
+        self.feedback_stream = feedback_stream
+        self.maxlen = maxlen
+        self.ttl_s = ttl_s
+
+    @staticmethod
+    def key(trajectory_id: str) -> str:
+        return f"bridge:trajectory:{trajectory_id}"
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    async def append(self, records: list[TrajectoryRecord]) -> list[str]:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for record in records:
+                data = record.model_dump_json()
+                pipe.set(self.key(record.id), data, ex=self.ttl_s)
+                pipe.xadd(self.stream, {"id": record.id, "data": data}, maxlen=self.maxlen, approximate=True)
+            results = await pipe.execute()
+        return [r for r in results[1::2]]
+
+    async def get(self, trajectory_id: str) -> TrajectoryRecord:
+        data = await self.redis.get(self.key(trajectory_id))
+        if data is None:
+            raise NotFound(f"no trajectory {trajectory_id!r} (unknown or expired)", param="trajectory_id")
+        return TrajectoryRecord.model_validate_json(data)
+
+    async def set_reward(self, record: TrajectoryRecord) -> None:
+        """Store the rewarded record and announce it on the feedback stream (live learning reads it)."""
+        event = {"id": record.id, "reward": json.dumps(record.reward), "data": record.model_dump_json()}
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.key(record.id), record.model_dump_json(), ex=self.ttl_s)
+            pipe.xadd(self.feedback_stream, event, maxlen=self.maxlen, approximate=True)
+            await pipe.execute()
+
+    async def close(self) -> None:
+        await self.redis.aclose()
