@@ -113,3 +113,38 @@ def retriever_factory(tmp_path_factory, models_root) -> Iterator:
     yield start
     for service in started:
         stop_service(service)
+
+
+@pytest.fixture(scope="session")
+def policy_models_root(models_root) -> Path:
+    from services.cli.prepare import prepare_policy_model
+
+    prepare_policy_model(models_root / "SmolLM2-135M-Instruct")
+    return models_root
+
+
+def policy_env(models_root: Path, retriever_url: str, **extra: str) -> dict[str, str]:
+    import uuid
+
+    return {
+        "BRIDGE_POLICY_MODEL_DIR": str(models_root / "SmolLM2-135M-Instruct"),
+        "BRIDGE_POLICY_RETRIEVER_URL": retriever_url,
+        "BRIDGE_POLICY_VLLM_PORT": str(free_port()),
+        "BRIDGE_POLICY_TRAJECTORY_STREAM": f"bridge:test:{uuid.uuid4().hex[:8]}",
+        "BRIDGE_POLICY_FEEDBACK_STREAM": f"bridge:test-feedback:{uuid.uuid4().hex[:8]}",
+        "REDIS_URL": os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        "VLLM_CACHE_ROOT": str(REPO / ".cache" / "vllm"),
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def demo_retriever(retriever_factory) -> RunningService:
+    """A retriever holding the demo corpus that ships in the repo (800 hotpotqa passages)."""
+    from services.cli.ingest import ingest_file
+    from services.common.clients.retriever import RetrieverClient
+
+    service = retriever_factory("demo-retriever")
+    with RetrieverClient(service.url, admin_token=service.token, timeout=600) as client:
+        ingest_file(client, REPO / "services" / "cli" / "demo" / "hotpotqa_corpus.jsonl", progress=False)
+    return service

@@ -23,6 +23,7 @@ app.add_typer(checkpoints_app, name="checkpoints")
 
 class ServiceName(StrEnum):
     retriever = "retriever"
+    policy = "policy"
 
 
 def _echo_json(data: object) -> None:
@@ -45,16 +46,22 @@ def prepare(
 def serve(
     service: Annotated[ServiceName, typer.Argument(help="Which service to run.")],
     host: Annotated[str | None, typer.Option(help="Bind address (default from settings).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default: retriever 8001).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: policy 8000, retriever 8001).")] = None,
 ) -> None:
-    """Run one service in the foreground with uvicorn."""
+    """Run one service in the foreground with uvicorn (settings from BRIDGE_* variables)."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from services.retriever.app import build_app
-    from services.retriever.settings import RetrieverSettings
+    if service is ServiceName.retriever:
+        from services.retriever.app import build_app
+        from services.retriever.settings import RetrieverSettings
 
-    settings = RetrieverSettings()
+        settings = RetrieverSettings()
+    else:
+        from services.policy.app import build_app
+        from services.policy.settings import PolicySettings
+
+        settings = PolicySettings()
     uvicorn.run(build_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
 
 

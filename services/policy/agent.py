@@ -67,7 +67,10 @@ class AgentRunner:
         retrieval: RetrievalSpec,
         run_id: str | None = None,
         retrieval_seed: int | None = None,
+        initial_search: bool = False,
     ) -> list[tuple[TrajectoryRecord, dict[str, float]]]:
+        """`initial_search`: retrieve with the question before the first generation (a scaffold for small
+        models, which rarely emit <search> on their own); it is an observation, masked like the others."""
         tokenizer = self.engine.tokenizer
         states = []
         for task in tasks:
@@ -95,6 +98,11 @@ class AgentRunner:
                 created_at=time.time(),
             )
             states.append(_State(task, record, list(prompt_ids)))
+
+        if initial_search and states:
+            for state in states:
+                state.record.turns.append(TurnRecord(generated_ids=[], generated_logprobs=[], text=""))
+            await self._search([(s, s.task.question) for s in states], 0, retrieval, retrieval_seed)
 
         for turn in range(max_turns + 1):
             live = [s for s in states if not s.done]
@@ -161,6 +169,8 @@ class AgentRunner:
         tokenizer = self.engine.tokenizer
         for (state, query), result in zip(searches, response.results, strict=True):
             observation = format_information([(d.title, d.text) for d in result.docs])
+            if not state.record.turns[-1].generated_ids:  # the scaffold's search: write the call it stands for
+                observation = f"<search> {query} </search>{observation}"
             observation_ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
             turn_record = state.record.turns[-1]
             turn_record.observation_ids = observation_ids

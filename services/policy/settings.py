@@ -24,6 +24,9 @@ class PolicySettings(CommonSettings):
     vllm_port: int = 8011
     vllm_python: str = Field(sys.executable, description="Interpreter that has vLLM installed.")
     vllm_args: str = Field("", description="Extra command-line arguments for the vLLM server.")
+    vllm_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM --gpu-memory-utilization; on CPU it is the RAM share (default 0.3)."
+    )
     vllm_startup_timeout_s: float = Field(900, ge=10)
     max_model_len: int = Field(4096, ge=256)
     max_lora_rank: int = Field(16, ge=1, le=256)
@@ -31,6 +34,11 @@ class PolicySettings(CommonSettings):
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     retriever_url: str = "http://127.0.0.1:8001"
     max_new_tokens: int = Field(256, ge=8, le=4096, description="Tokens per generation turn.")
+    initial_search: bool = Field(
+        True,
+        description="Retrieve with the question before the first generation. Small models (SmolLM2-135M) "
+        "almost never emit <search> on their own; set false for Search-R1's pure protocol on larger models.",
+    )
     request_timeout_s: float = Field(600, ge=1, description="Cap on one engine call; a hung engine fails cleanly.")
     trajectory_stream: str = "bridge:trajectories"
     feedback_stream: str = "bridge:feedback"

@@ -59,7 +59,8 @@ class TransformersEngine(Engine):
         generated = out.sequences[0, len(prompt_ids) :].tolist()
         # Raw log-probs (before temperature), as vLLM reports them.
         logprobs = [
-            float(torch.log_softmax(logits[0].float(), dim=-1)[tok]) for logits, tok in zip(out.logits, generated)
+            float(torch.log_softmax(logits[0].float(), dim=-1)[tok])
+            for logits, tok in zip(out.logits, generated, strict=True)
         ]
         eos = self.tokenizer.eos_token_id
         finish = "stop" if (generated and generated[-1] == eos) or len(generated) < spec.max_tokens else "length"

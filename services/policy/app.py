@@ -1,0 +1,52 @@
+"""`build_app(settings)`: the policy service. The engine starts in the lifespan, not at import."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+
+from services.common.errors import install_error_handlers
+from services.common.http import BodySizeLimit
+from services.policy.metrics import PolicyMetrics
+from services.policy.routes import agent, checkpoints, health
+from services.policy.service import PolicyService, build_engine
+from services.policy.settings import PolicySettings
+
+log = logging.getLogger(__name__)
+
+
+def build_app(settings: PolicySettings | None = None) -> FastAPI:
+    settings = settings or PolicySettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.admin_token = settings.resolve_admin_token()
+        service = PolicyService(settings, build_engine(settings))
+        try:
+            await service.start()
+            app.state.service = service
+            log.info("policy ready: engine %s, version %s", settings.engine, service.adapters.active)
+            yield
+        finally:
+            app.state.service = None
+            await service.stop()
+
+    app = FastAPI(title="BRIDGE policy", version="1", lifespan=lifespan)
+    app.state.service = None
+    app.state.metrics = PolicyMetrics()
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        app.state.metrics.requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
+        return response
+
+    for router in (agent.router, checkpoints.router, health.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,179 @@
+"""Policy logic: serve questions, run rollout groups, take feedback. No FastAPI here."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from services.common.answers import exact_match, f1_score
+from services.common.clients.retriever import AsyncRetrieverClient, ServiceError
+from services.common.errors import UpstreamUnavailable
+from services.common.schemas.policy import (
+    AgentQueryRequest,
+    AgentQueryResponse,
+    FeedbackRequest,
+    FeedbackResponse,
+    RolloutRequest,
+    RolloutResponse,
+    RolloutSummary,
+    SearchStepView,
+    TrajectoryRecord,
+    TurnView,
+)
+from services.policy.adapters import AdapterManager
+from services.policy.agent import AgentRunner, AgentTask, RetrievalSpec
+from services.policy.backends.engine import Engine, EngineError
+from services.policy.settings import PolicySettings
+from services.policy.store import TrajectoryStore
+
+
+def build_engine(settings: PolicySettings) -> Engine:
+    if settings.engine == "transformers":
+        from services.policy.backends.hf_engine import TransformersEngine
+
+        return TransformersEngine(settings)
+    from services.policy.backends.vllm_engine import VLLMEngine
+
+    return VLLMEngine(settings)
+
+
+class PolicyService:
+    def __init__(self, settings: PolicySettings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.adapters = AdapterManager(engine, settings.checkpoint_root, settings.state_dir / "registry.json")
+        self.retriever = AsyncRetrieverClient(settings.retriever_url, timeout=settings.request_timeout_s)
+        self.store = TrajectoryStore(
+            settings.resolved_redis_url,
+            settings.trajectory_stream,
+            settings.feedback_stream,
+            settings.stream_maxlen,
+            settings.trajectory_ttl_s,
+        )
+        self.agent = AgentRunner(engine, self.retriever, settings.max_new_tokens, settings.max_model_len)
+
+    async def start(self) -> None:
+        await self.engine.start()
+        await self.adapters.restore()
+        await self.store.ping()
+
+    async def stop(self) -> None:
+        await self.retriever.aclose()
+        await self.store.close()
+        await self.engine.stop()
+
+    async def _run(self, tasks: list[AgentTask], **kwargs) -> list[tuple[TrajectoryRecord, dict[str, float]]]:
+        async with self.adapters.lease() as version:
+            try:
+                return await self.agent.run(
+                    tasks,
+                    adapter=version,
+                    policy_version=version,
+                    initial_search=self.settings.initial_search,
+                    **kwargs,
+                )
+            except EngineError as exc:
+                raise UpstreamUnavailable(f"LLM engine: {exc}") from exc
+            except ServiceError as exc:
+                raise UpstreamUnavailable(f"retriever answered {exc.status_code}: {exc.detail}") from exc
+            except httpx.TransportError as exc:
+                raise UpstreamUnavailable(f"retriever unreachable at {self.settings.retriever_url}: {exc}") from exc
+
+    async def query(self, request: AgentQueryRequest) -> AgentQueryResponse:
+        started = time.perf_counter()
+        [(record, timings)] = await self._run(
+            [AgentTask(question=request.question)],
+            temperature=0.0,
+            max_turns=request.max_turns,
+            retrieval=RetrievalSpec(top_k=request.top_k, candidates=request.top_k),
+        )
+        await self.store.append([record])
+        turns = [
+            TurnView(
+                text=t.text,
+                search=None
+                if t.search is None
+                else SearchStepView(
+                    query=t.search.query,
+                    docs=[
+                        {"id": i, "title": title}
+                        for i, title in zip(t.search.chosen_ids, t.search.chosen_titles, strict=False)
+                    ],
+                ),
+            )
+            for t in record.turns
+        ]
+        return AgentQueryResponse(
+            answer=record.answer or "",
+            trajectory_id=record.id,
+            policy_version=record.policy_version,
+            retriever_version=record.retriever_version,
+            turns=turns,
+            timings={**timings, "total_s": time.perf_counter() - started},
+        )
+
+    async def rollouts(self, request: RolloutRequest) -> RolloutResponse:
+        base_seed = request.seed
+        tasks = [
+            AgentTask(
+                question=item.question,
+                item_id=item.id,
+                golden_answers=item.golden_answers,
+                group_index=g,
+                seed=None if base_seed is None else base_seed * 100_003 + i * request.group_size + g,
+            )
+            for i, item in enumerate(request.items)
+            for g in range(request.group_size)
+        ]
+        results = await self._run(
+            tasks,
+            temperature=request.temperature,
+            max_turns=request.max_turns,
+            retrieval=RetrievalSpec(
+                top_k=request.top_k,
+                mode="sample",
+                candidates=request.candidates,
+                temperature=request.retrieval_temperature,
+            ),
+            run_id=request.run_id,
+            retrieval_seed=base_seed,
+        )
+        records = []
+        for record, _ in results:
+            record.em = exact_match(record.answer, record.golden_answers or [])
+            record.f1 = f1_score(record.answer, record.golden_answers or [])
+            record.reward = record.em
+            records.append(record)
+        await self.store.append(records)
+        return RolloutResponse(
+            trajectories=[
+                RolloutSummary(
+                    trajectory_id=r.id,
+                    item_id=r.item_id or "",
+                    answer=r.answer,
+                    reward=r.reward or 0.0,
+                    em=r.em or 0.0,
+                    f1=r.f1 or 0.0,
+                    policy_version=r.policy_version,
+                    retriever_version=r.retriever_version,
+                )
+                for r in records
+            ]
+        )
+
+    async def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
+        record = await self.store.get(request.trajectory_id)
+        if request.golden_answers is not None:
+            record.golden_answers = request.golden_answers
+            record.em = exact_match(record.answer, request.golden_answers)
+            record.f1 = f1_score(record.answer, request.golden_answers)
+            record.reward = record.em
+        else:
+            record.reward = request.reward
+        await self.store.set_reward(record)
+        return FeedbackResponse(trajectory_id=record.id, reward=record.reward, em=record.em, f1=record.f1)
+
+    async def trajectory(self, trajectory_id: str) -> TrajectoryRecord:
+        return await self.store.get(trajectory_id)

@@ -1,0 +1,265 @@
+"""The policy service on the real SmolLM2 on the real vLLM CPU server, a real retriever and Redis."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import torch
+
+from services.common.answers import exact_match, extract_answer
+from services.common.checkpoints import publish_checkpoint, staging_dir
+from services.common.schemas.policy import TrajectoryRecord
+from tests.conftest import REPO, policy_env, start_service, stop_service
+
+pytestmark = pytest.mark.slow
+QUESTIONS = [json.loads(line) for line in (REPO / "services/cli/demo/hotpotqa_questions.jsonl").open()]
+# vLLM (bf16 weights, its own kernels) against a transformers fp32 recomputation of the same tokens:
+# measured mean |diff| 0.037 nats, max 0.24 (236 tokens); we allow 0.1 mean and 1.0 for any single token.
+LOGPROB_MEAN_TOL = 0.1
+LOGPROB_MAX_TOL = 1.0
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory, policy_models_root, demo_retriever):
+    data_dir = tmp_path_factory.mktemp("policy-vllm")
+    env = policy_env(policy_models_root, demo_retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS="96")
+    service = start_service("policy", data_dir, env, timeout=900)
+    service.env = env
+    yield service
+    stop_service(service)
+
+
+def admin(service) -> dict[str, str]:
+    return {"Authorization": f"Bearer {service.token}"}
+
+
+def rollout(service, items, group_size=2, seed=0, **extra) -> list[dict]:
+    body = {"items": items, "group_size": group_size, "seed": seed, "temperature": 1.0, **extra}
+    response = httpx.post(service.url + "/v1/agent/rollouts", json=body, timeout=900)
+    assert response.status_code == 200, response.text
+    return response.json()["trajectories"]
+
+
+def fetch(service, trajectory_id: str) -> TrajectoryRecord:
+    response = httpx.get(f"{service.url}/v1/trajectories/{trajectory_id}")
+    assert response.status_code == 200
+    return TrajectoryRecord.model_validate(response.json())
+
+
+def test_question_end_to_end_and_its_trajectory_is_in_the_stream(policy):
+    question = QUESTIONS[0]["question"]
+    response = httpx.post(policy.url + "/v1/agent/query", json={"question": question, "max_turns": 2}, timeout=600)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["policy_version"] == "base" and body["retriever_version"] in ("base", "unknown")
+    assert body["turns"] and body["timings"]["total_s"] > 0
+
+    r = redis.Redis.from_url(policy.env["REDIS_URL"], decode_responses=True)
+    stream, group = policy.env["BRIDGE_POLICY_TRAJECTORY_STREAM"], f"g-{uuid.uuid4().hex[:6]}"
+    r.xgroup_create(stream, group, id="0")
+    entries = r.xreadgroup(group, "c1", {stream: ">"}, count=100)
+    records = [TrajectoryRecord.model_validate_json(fields["data"]) for _, msgs in entries for _, fields in msgs]
+    mine = [rec for rec in records if rec.id == body["trajectory_id"]]
+    assert len(mine) == 1 and mine[0].question == question
+    assert mine[0].answer == (body["answer"] or None)
+    assert fetch(policy, body["trajectory_id"]) == mine[0]
+
+
+def searched(records: list[TrajectoryRecord]) -> list[TrajectoryRecord]:
+    return [r for r in records if any(t.search for t in r.turns)]
+
+
+@pytest.fixture(scope="module")
+def rollout_records(policy) -> list[TrajectoryRecord]:
+    items = [{"id": q["id"], "question": q["question"], "golden_answers": q["golden_answers"]} for q in QUESTIONS[:6]]
+    summaries = rollout(policy, items, group_size=4, max_turns=2)
+    assert len(summaries) == 24
+    return [fetch(policy, s["trajectory_id"]) for s in summaries]
+
+
+def test_mask_covers_exactly_the_generated_tokens(policy, rollout_records):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy.env["BRIDGE_POLICY_MODEL_DIR"])
+    with_search = searched(rollout_records)
+    assert with_search, "no rollout searched; cannot check observation masking"
+    for record in rollout_records:
+        ids, mask = record.token_ids, record.generated_mask
+        assert len(ids) == len(mask)
+        assert ids[: len(record.prompt_ids)] == record.prompt_ids and not any(mask[: len(record.prompt_ids)])
+        generated = [t for t, m in zip(ids, mask, strict=True) if m]
+        assert generated == [tok for turn in record.turns for tok in turn.generated_ids]
+        assert sum(mask) == sum(len(t.generated_logprobs) for t in record.turns)
+    for record in with_search:
+        observed = [
+            t
+            for t, m in zip(
+                record.token_ids[len(record.prompt_ids) :], record.generated_mask[len(record.prompt_ids) :], strict=True
+            )
+            if not m
+        ]
+        text = tokenizer.decode(observed)
+        assert text.count("<information>") == sum(1 for t in record.turns if t.search)
+        step = next(t.search for t in record.turns if t.search)
+        assert step.mode == "sample" and step.logprob is not None and len(step.candidates) == 20
+        assert set(step.chosen_ids) <= {c["id"] for c in step.candidates}
+
+
+def test_behaviour_logprobs_match_a_transformers_recomputation(policy, rollout_records):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy.env["BRIDGE_POLICY_MODEL_DIR"], dtype=torch.float32).eval()
+    diffs = []
+    for record in (searched(rollout_records) or rollout_records)[:4]:
+        ids = torch.tensor([record.token_ids])
+        with torch.no_grad():
+            logps = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)  # (T-1, V)
+        per_token = logps.gather(1, ids[0, 1:, None])[:, 0]  # log p(token t | < t), (T-1,)
+        mask = torch.tensor(record.generated_mask[1:], dtype=torch.bool)
+        behaviour = torch.tensor([lp for t in record.turns for lp in t.generated_logprobs])
+        diffs.append((per_token[mask] - behaviour).abs())
+    diff = torch.cat(diffs)
+    print(
+        f"\nbehaviour vs recomputed log-probs over {diff.numel()} tokens: "
+        f"mean |diff| {diff.mean():.4f}, max {diff.max():.4f}"
+    )
+    assert diff.mean() < LOGPROB_MEAN_TOL and diff.max() < LOGPROB_MAX_TOL
+
+
+def test_rewards_score_only_the_generated_answer(policy, rollout_records):
+    trap = [{"id": "trap", "question": "What is the capital of France?", "golden_answers": ["Beijing"]}]
+    for summary in rollout(policy, trap, group_size=4, seed=3, max_turns=0):
+        record = fetch(policy, summary["trajectory_id"])
+        generated = "".join(t.text for t in record.turns)
+        assert "<answer> Beijing </answer>" in record.prompt  # the example sits in the prompt...
+        assert record.answer == extract_answer(generated)  # ...but only generated text is read
+        assert summary["reward"] == exact_match(record.answer, ["Beijing"])
+    for record in rollout_records:
+        assert record.reward == exact_match(
+            extract_answer("".join(t.text for t in record.turns)), record.golden_answers
+        )
+
+
+def test_rollouts_are_reproducible_by_seed(policy):
+    items = [{"id": "q0", "question": QUESTIONS[1]["question"], "golden_answers": QUESTIONS[1]["golden_answers"]}]
+    first = [fetch(policy, s["trajectory_id"]) for s in rollout(policy, items, group_size=2, seed=11, max_turns=1)]
+    again = [fetch(policy, s["trajectory_id"]) for s in rollout(policy, items, group_size=2, seed=11, max_turns=1)]
+    assert [r.token_ids for r in first] == [r.token_ids for r in again]
+
+
+def test_feedback_sets_the_reward(policy, rollout_records):
+    record = rollout_records[0]
+    response = httpx.post(
+        policy.url + "/v1/feedback", json={"trajectory_id": record.id, "golden_answers": ["definitely not this"]}
+    )
+    assert response.status_code == 200 and response.json()["reward"] == 0.0
+    response = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": record.id, "reward": 0.5})
+    assert response.status_code == 200 and fetch(policy, record.id).reward == 0.5
+    missing = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": "nope", "reward": 1.0})
+    assert missing.status_code == 404
+
+
+def write_adapter(service, model_dir: str, version: str, seed: int) -> str:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft_model = get_peft_model(model, config)
+    root = Path(service.data_dir) / "checkpoints"
+    staging = staging_dir(root, version)
+    peft_model.save_pretrained(str(staging))
+    (staging / "README.md").unlink(missing_ok=True)
+    publish_checkpoint(staging, root / version, kind="policy-lora", version=version, parent="base")
+    return version
+
+
+def test_adapter_swaps_under_8_concurrent_clients(policy):
+    version = write_adapter(policy, policy.env["BRIDGE_POLICY_MODEL_DIR"], "lora-1", seed=0)
+    registered = httpx.post(policy.url + "/v1/checkpoints", json={"path": version}, headers=admin(policy), timeout=120)
+    assert registered.status_code == 200, registered.text
+    seen: list[str] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def client(worker: int) -> None:
+        with httpx.Client(base_url=policy.url, timeout=600) as http:
+            while not stop.is_set():
+                q = QUESTIONS[worker % len(QUESTIONS)]["question"]
+                response = http.post("/v1/agent/query", json={"question": q, "max_turns": 0})
+                if response.status_code == 200:
+                    seen.append(response.json()["policy_version"])
+                else:
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        while len(seen) < 8:
+            threading.Event().wait(0.2)
+        activated = httpx.post(f"{policy.url}/v1/checkpoints/{version}/activate", headers=admin(policy), timeout=120)
+        swap_at = len(seen)
+        while len(seen) < swap_at + 16:
+            threading.Event().wait(0.2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert activated.status_code == 200 and activated.json()["active"] == version
+    assert failures == []
+    assert set(seen) == {"base", version} and seen[-1] == version
+    listing = httpx.get(policy.url + "/v1/checkpoints").json()
+    assert listing["active"] == version and listing["previous"] == "base"
+    rolled = httpx.post(policy.url + "/v1/checkpoints/rollback", headers=admin(policy))
+    assert rolled.json()["active"] == "base"
+
+
+def test_corrupt_adapter_is_refused(policy):
+    version = write_adapter(policy, policy.env["BRIDGE_POLICY_MODEL_DIR"], "lora-bad", seed=1)
+    weights = Path(policy.data_dir) / "checkpoints" / version / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10] + b"0123456789")
+    response = httpx.post(policy.url + "/v1/checkpoints", json={"path": version}, headers=admin(policy))
+    assert response.status_code == 400 and "sha256" in response.json()["detail"]
+    assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == "base"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/agent/query", {}, 422),
+        ("/v1/agent/query", {"question": ""}, 422),
+        ("/v1/agent/query", {"question": "x", "max_turns": 99}, 422),
+        ("/v1/agent/query", {"question": "x", "extra": 1}, 422),
+        ("/v1/agent/rollouts", {"items": [], "group_size": 2}, 422),
+        (
+            "/v1/agent/rollouts",
+            {"items": [{"id": "a", "question": "q", "golden_answers": ["x"]}], "group_size": 0},
+            422,
+        ),
+        ("/v1/feedback", {"trajectory_id": "x"}, 422),
+        ("/v1/feedback", {"trajectory_id": "x", "reward": 1, "golden_answers": ["y"]}, 422),
+        ("/v1/checkpoints", {"path": "../../etc"}, 401),
+    ],
+)
+def test_bad_input_gets_4xx_with_a_reason(policy, path, body, status):
+    response = httpx.post(policy.url + path, json=body)
+    assert response.status_code == status, response.text
+    assert response.json()["detail"]
+    assert httpx.get(policy.url + "/healthz").status_code == 200
+
+
+def test_malformed_json_and_escaping_paths(policy):
+    response = httpx.post(
+        policy.url + "/v1/agent/query", content=b"{oops", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    response = httpx.post(policy.url + "/v1/checkpoints", json={"path": "/etc"}, headers=admin(policy))
+    assert response.status_code == 400 and "checkpoint root" in response.json()["detail"]
