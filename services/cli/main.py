@@ -85,6 +85,36 @@ def ingest(
             _echo_json(ingest_file(client, path, batch_size=batch_size))
 
 
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="The question to answer.")],
+    url: Annotated[str, typer.Option(help="Policy service base URL.")] = "http://127.0.0.1:8000",
+    max_turns: Annotated[int, typer.Option(min=0, max=8, help="Searches allowed before the final answer.")] = 4,
+    top_k: Annotated[int, typer.Option(min=1, max=10, help="Documents per search.")] = 3,
+) -> None:
+    """Ask the running agent a question; print its answer, searches and the documents it read."""
+    from rich.console import Console
+
+    from services.common.clients.policy import PolicyClient
+
+    console = Console()
+    with PolicyClient(url) as client:
+        response = client.query(question, max_turns=max_turns, top_k=top_k)
+    for i, turn in enumerate(response.turns):
+        if turn.text.strip():
+            console.print(f"[bold]turn {i}[/bold] {turn.text.strip()}", highlight=False)
+        if turn.search:
+            console.print(f"  [cyan]search[/cyan] {turn.search.query!r}", highlight=False)
+            for doc in turn.search.docs:
+                console.print(f"    - {doc['title']} ({doc['id']})", highlight=False)
+    console.print(f"[bold green]answer[/bold green] {response.answer or '(none)'}", highlight=False)
+    console.print(
+        f"policy {response.policy_version} · retriever {response.retriever_version} · "
+        f"trajectory {response.trajectory_id} · {response.timings.get('total_s', 0):.1f}s",
+        highlight=False,
+    )
+
+
 def _admin_client(url: str):
     from services.common.clients.retriever import RetrieverClient
     from services.common.settings import CommonSettings

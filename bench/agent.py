@@ -1,0 +1,166 @@
+"""Agent throughput: the policy service against a one-by-one loop, and against vLLM's raw generation.
+
+Starts a retriever (demo corpus) and the policy service (which starts vLLM), then answers 64 hotpotqa
+questions (the demo set) three ways, side by side in one run:
+  - the policy service at concurrency 1, 8 and 32 (questions/s, p50/p99 latency, generated tokens/s);
+  - the baseline: the same protocol one question at a time in a plain loop against the same vLLM server;
+  - vLLM's own raw generation tokens/s for the same number of concurrent streams (plain completions).
+Targets, printed as ratios: >= 4x the baseline's questions/s at concurrency 32, and >= 0.7x vLLM's raw
+tokens/s at the same concurrency.
+
+    python bench/agent.py [--questions 64] [--max-turns 1] [--max-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.baselines.sequential_agent import answer as baseline_answer  # noqa: E402
+from services.cli.ingest import ingest_file  # noqa: E402
+from services.cli.prepare import prepare_policy_model, prepare_retriever_model  # noqa: E402
+from services.common.clients.retriever import RetrieverClient  # noqa: E402
+from tests.conftest import policy_env, start_service, stop_service  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run_service(url: str, questions: list[str], concurrency: int, max_turns: int) -> dict:
+    latencies: list[float] = []
+    ids: list[str] = []
+    queue: asyncio.Queue = asyncio.Queue()
+    for q in questions:
+        queue.put_nowait(q)
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            q = queue.get_nowait()
+            started = time.perf_counter()
+            response = await client.post("/v1/agent/query", json={"question": q, "max_turns": max_turns})
+            response.raise_for_status()
+            latencies.append(time.perf_counter() - started)
+            ids.append(response.json()["trajectory_id"])
+
+    async with httpx.AsyncClient(base_url=url, timeout=1800) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        tokens = 0
+        for trajectory_id in ids:
+            record = (await client.get(f"/v1/trajectories/{trajectory_id}")).json()
+            tokens += sum(len(t["generated_ids"]) for t in record["turns"])
+    return {
+        "qps": len(questions) / elapsed,
+        "p50": statistics.median(latencies),
+        "p99": percentile(latencies, 0.99),
+        "tok_s": tokens / elapsed,
+    }
+
+
+async def raw_vllm(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> float:
+    queue: asyncio.Queue = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    produced = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal produced
+        while not queue.empty():
+            body = {"model": "base", "prompt": queue.get_nowait(), "max_tokens": max_tokens, "temperature": 0.0}
+            response = await client.post("/v1/completions", json=body)
+            produced += response.json()["usage"]["completion_tokens"]
+
+    async with httpx.AsyncClient(base_url=url, timeout=1800) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        return produced / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--questions", type=int, default=64)
+    parser.add_argument("--max-turns", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
+    args = parser.parse_args()
+
+    models = args.work / "models"
+    prepare_retriever_model(models / "all-MiniLM-L6-v2")
+    prepare_policy_model(models / "SmolLM2-135M-Instruct")
+    demo = REPO / "services" / "cli" / "demo"
+    questions = [json.loads(line)["question"] for line in (demo / "hotpotqa_questions.jsonl").open()]
+    questions = questions[: args.questions]
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-agent-"))
+    retriever = start_service(
+        "retriever", tmp / "retriever", {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models / "all-MiniLM-L6-v2")}
+    )
+    with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
+        ingest_file(client, demo / "hotpotqa_corpus.jsonl", progress=False)
+    env = policy_env(models, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS=str(args.max_tokens))
+    policy = start_service("policy", tmp / "policy", env, timeout=900)
+    vllm_url = f"http://127.0.0.1:{env['BRIDGE_POLICY_VLLM_PORT']}"
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(env["BRIDGE_POLICY_MODEL_DIR"])
+        # Warm-up: one question through the service (vLLM's first requests are slower).
+        asyncio.run(run_service(policy.url, questions[:2], 2, args.max_turns))
+
+        started, produced = time.perf_counter(), 0
+        latencies = []
+        with httpx.Client(base_url=vllm_url, timeout=600) as vllm, httpx.Client(base_url=retriever.url) as ret:
+            for q in questions:
+                t0 = time.perf_counter()
+                _, tokens = baseline_answer(
+                    q, tokenizer, vllm, ret, max_turns=args.max_turns, max_tokens=args.max_tokens
+                )
+                latencies.append(time.perf_counter() - t0)
+                produced += tokens
+        elapsed = time.perf_counter() - started
+        baseline = {
+            "qps": len(questions) / elapsed,
+            "p50": statistics.median(latencies),
+            "p99": percentile(latencies, 0.99),
+            "tok_s": produced / elapsed,
+        }
+
+        print(f"\n{len(questions)} questions, max_turns {args.max_turns}, {args.max_tokens} tokens/turn, greedy")
+        print(f"{'':22} {'q/s':>7} {'p50 s':>7} {'p99 s':>7} {'gen tok/s':>10} {'raw vLLM tok/s':>15}")
+        b = baseline
+        print(f"{'baseline (1 by 1)':22} {b['qps']:>7.2f} {b['p50']:>7.2f} {b['p99']:>7.2f} {b['tok_s']:>10.1f}")
+        results = {}
+        for concurrency in (1, 8, 32):
+            r = asyncio.run(run_service(policy.url, questions, concurrency, args.max_turns))
+            prompts = [tokenizer.decode(tokenizer(q)["input_ids"]) for q in questions]
+            raw = asyncio.run(raw_vllm(vllm_url, prompts, concurrency, args.max_tokens))
+            r["raw"] = raw
+            results[concurrency] = r
+            print(
+                f"{'service, conc ' + str(concurrency):22} {r['qps']:>7.2f} {r['p50']:>7.2f} {r['p99']:>7.2f} "
+                f"{r['tok_s']:>10.1f} {raw:>15.1f}"
+            )
+        r32 = results[32]
+        print(f"\nquestions/s ratio service@32 / baseline: {r32['qps'] / baseline['qps']:.2f}x (target >= 4x)")
+        print(f"generated tok/s ratio service@32 / raw vLLM@32: {r32['tok_s'] / r32['raw']:.2f}x (target >= 0.7x)")
+    finally:
+        stop_service(policy)
+        stop_service(retriever)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Typed HTTP clients for the policy service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from services.common.checkpoints import Manifest
+from services.common.clients.retriever import _headers, _raise_for, _transient
+from services.common.schemas.checkpoints import ActivationResponse, CheckpointList
+from services.common.schemas.policy import (
+    AgentQueryRequest,
+    AgentQueryResponse,
+    FeedbackRequest,
+    FeedbackResponse,
+    RolloutRequest,
+    RolloutResponse,
+    TrajectoryRecord,
+)
+
+
+class PolicyClient:
+    def __init__(self, base_url: str, admin_token: str | None = None, timeout: float = 900.0) -> None:
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=_headers(admin_token))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PolicyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @_transient
+    def _call(self, method: str, url: str, **kwargs: Any) -> Any:
+        response = self._http.request(method, url, **kwargs)
+        _raise_for(response)
+        return response.json()
+
+    def query(self, question: str, **params: Any) -> AgentQueryResponse:
+        body = AgentQueryRequest(question=question, **params).model_dump()
+        return AgentQueryResponse.model_validate(self._call("POST", "/v1/agent/query", json=body))
+
+    def rollouts(self, request: RolloutRequest) -> RolloutResponse:
+        return RolloutResponse.model_validate(self._call("POST", "/v1/agent/rollouts", json=request.model_dump()))
+
+    def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
+        body = request.model_dump(exclude_none=True)
+        return FeedbackResponse.model_validate(self._call("POST", "/v1/feedback", json=body))
+
+    def trajectory(self, trajectory_id: str) -> TrajectoryRecord:
+        return TrajectoryRecord.model_validate(self._call("GET", f"/v1/trajectories/{trajectory_id}"))
+
+    def checkpoints(self) -> CheckpointList:
+        return CheckpointList.model_validate(self._call("GET", "/v1/checkpoints"))
+
+    def register(self, path: str) -> Manifest:
+        return Manifest.model_validate(self._call("POST", "/v1/checkpoints", json={"path": path}))
+
+    def activate(self, version: str) -> ActivationResponse:
+        return ActivationResponse.model_validate(self._call("POST", f"/v1/checkpoints/{version}/activate"))
+
+    def rollback(self) -> ActivationResponse:
+        return ActivationResponse.model_validate(self._call("POST", "/v1/checkpoints/rollback"))
