@@ -32,6 +32,11 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("BRIDGE_ADMIN_TOKEN", "admin_token"),
         description="Bearer token for admin endpoints; generated into the data dir when unset.",
     )
+    checkpoint_dir: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("BRIDGE_CHECKPOINT_DIR", "checkpoint_dir"),
+        description="Checkpoint root shared by the trainer and both services (default <data_dir>/checkpoints).",
+    )
     redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
     qdrant_url: str | None = Field(None, validation_alias=AliasChoices("QDRANT_URL", "qdrant_url"))
     environment: str = Field(
@@ -51,7 +56,7 @@ class CommonSettings(BaseSettings):
 
     @property
     def checkpoint_root(self) -> Path:
-        return self.data_dir / "checkpoints"
+        return (self.checkpoint_dir or self.data_dir / "checkpoints").expanduser().resolve()
 
     @property
     def retriever_model_dir(self) -> Path:

@@ -1,0 +1,115 @@
+"""Turns logged trajectories into the tensors a BRIDGE round needs. No optimisation here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from services.common.schemas.policy import TrajectoryRecord
+from services.policy.prompt import build_prompt, format_information
+from services.trainer.algo.config import AlgoConfig
+from services.trainer.algo.losses import grpo_advantages
+
+
+@dataclass
+class SearchSample:
+    """One sampled retrieval: what p_phi chose among the candidates, and under which deployed scores."""
+
+    trajectory: int
+    query: str
+    candidate_ids: list[str]
+    deployed_scores: torch.Tensor  # (M,) the live retriever's scores when it was sampled
+    chosen: torch.Tensor  # (k,) indices into the candidates, in draw order
+    temperature: float
+    behaviour_logprob: float
+
+
+@dataclass
+class QSample:
+    """Q_theta inputs for one search step: x + d + y* for a subset of its candidates."""
+
+    search: int
+    candidates: list[int]  # indices into that step's candidates
+    context_ids: list[list[int]]  # one x + d per candidate
+    answer_ids: list[int]  # y*
+
+
+@dataclass
+class RoundBatch:
+    records: list[TrajectoryRecord]
+    rewards: torch.Tensor  # (B,)
+    advantages: torch.Tensor  # (B,)
+    searches: list[SearchSample]
+    q_samples: list[QSample]
+    doc_texts: dict[str, str]
+    doc_titles: dict[str, str] = field(default_factory=dict)
+
+
+def order_groups(records: list[TrajectoryRecord]) -> list[TrajectoryRecord]:
+    """Consecutive groups of one item each, in a stable order, as `grpo_advantages` expects."""
+    return sorted(records, key=lambda r: (r.item_id or "", r.group_index or 0))
+
+
+def build_batch(
+    records: list[TrajectoryRecord],
+    cfg: AlgoConfig,
+    tokenizer,
+    docs: dict[str, tuple[str, str]],
+) -> RoundBatch:
+    """`docs`: id -> (title, text) for every candidate id in the records."""
+    records = order_groups(records)
+    rewards = torch.tensor([float(r.reward or 0.0) for r in records])
+    advantages = grpo_advantages(rewards, cfg.group_size)
+    searches: list[SearchSample] = []
+    for i, record in enumerate(records):
+        for turn in record.turns:
+            step = turn.search
+            if step is None or step.logprob is None or not step.candidates:
+                continue
+            ids = [str(c["id"]) for c in step.candidates]
+            searches.append(
+                SearchSample(
+                    trajectory=i,
+                    query=step.query,
+                    candidate_ids=ids,
+                    deployed_scores=torch.tensor([float(c["score"]) for c in step.candidates]),
+                    chosen=torch.tensor([ids.index(c) for c in step.chosen_ids]),
+                    temperature=step.temperature,
+                    behaviour_logprob=step.logprob,
+                )
+            )
+    q_samples = build_q_samples(records, searches, cfg, tokenizer, docs) if cfg.needs_q else []
+    return RoundBatch(
+        records=records,
+        rewards=rewards,
+        advantages=advantages,
+        searches=searches,
+        q_samples=q_samples,
+        doc_texts={k: f"{t}\n{x}" if t else x for k, (t, x) in docs.items()},
+        doc_titles={k: t for k, (t, _) in docs.items()},
+    )
+
+
+def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list[QSample]:
+    """The configured subsample: the first `q_steps` searches whose question has a gold answer, each with
+    its `q_candidates` best-scored candidates; short x + d + y* sequences (the doc cut to `q_doc_tokens`)."""
+    out: list[QSample] = []
+    for s, search in enumerate(searches):
+        if len(out) >= cfg.q_steps:
+            break
+        record = records[search.trajectory]
+        if not record.golden_answers:
+            continue
+        top = torch.argsort(search.deployed_scores, descending=True)[: cfg.q_candidates].tolist()
+        prompt = build_prompt(tokenizer, record.question)
+        contexts = []
+        for c in top:
+            title, text = docs[search.candidate_ids[c]]
+            text_ids = tokenizer(text, add_special_tokens=False)["input_ids"][: cfg.q_doc_tokens]
+            observation = format_information([(title, tokenizer.decode(text_ids))])
+            context = f"{prompt}<search> {search.query} </search>{observation}<answer> "
+            contexts.append(tokenizer(context, add_special_tokens=False)["input_ids"])
+        answer_ids = tokenizer(f"{record.golden_answers[0]} </answer>", add_special_tokens=False)["input_ids"]
+        out.append(QSample(search=s, candidates=top, context_ids=contexts, answer_ids=answer_ids))
+    return out

@@ -1,0 +1,61 @@
+"""Algorithm configuration: one place, a short doc per field, invariants checked at construction."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Algo = Literal["search-r1", "retriever-only", "alt-rp", "alt-pr", "joint", "bridge"]
+
+
+class AlgoConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    algo: Algo = Field("bridge", description="Which update rule; all share one code path.")
+    policy_rollouts: Literal["fresh", "reweighted"] = Field(
+        "reweighted",
+        description="How the policy step sees the adapted retriever: re-weight logged trajectories by the "
+        "clipped ratio prod_t P_phi(D_t)/P_phi_old(D_t), or collect fresh rollouts after publishing it.",
+    )
+    group_size: int = Field(2, ge=2, le=16, description="G rollouts per question (GRPO needs >= 2).")
+    # policy (upper level)
+    policy_lr: float = Field(1e-4, gt=0, description="alpha: Adam step size for the LoRA parameters.")
+    policy_steps: int = Field(1, ge=1, le=16, description="Optimizer steps on theta per round.")
+    eps_low: float = Field(0.2, ge=0, le=1)
+    eps_high: float = Field(0.2, ge=0, le=1)
+    beta: float = Field(0.01, ge=0, description="KL weight to the frozen base (LoRA disabled).")
+    lora_rank: int = Field(8, ge=1, le=64)
+    lora_alpha: int = Field(16, ge=1)
+    # retriever (lower level)
+    retriever_lr: float = Field(2e-5, gt=0, description="eta: Adam step size for the query tower.")
+    retriever_steps: int = Field(4, ge=1, le=64, description="K: steps for z and for phi per round.")
+    mu: float = Field(0.1, ge=0, description="Weight of KL(p_deployed || p_phi): stay near the live retriever.")
+    beta_q: float = Field(1.0, gt=0, description="Temperature of Q_theta(d) ∝ exp(log pi(y*|x,d) / beta_Q).")
+    q_steps: int = Field(8, ge=1, le=256, description="Search steps per round that get a Q_theta target.")
+    q_candidates: int = Field(5, ge=2, le=50, description="Candidates per step scored by the policy for Q.")
+    q_doc_tokens: int = Field(128, ge=16, le=512, description="Document tokens kept in x + d + y* sequences.")
+    # coupling
+    lambda_init: float = Field(1.0, gt=0, description="lambda: penalty weight at round 0.")
+    lambda_step: float = Field(0.5, ge=0, description="delta: lambda grows by this each round.")
+    lambda_max: float = Field(10.0, gt=0)
+    weight_clip: float = Field(2.0, ge=1, description="Upper clip of the re-weighting ratio.")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _checks(self) -> AlgoConfig:
+        if self.lambda_init > self.lambda_max:
+            raise ValueError("lambda_init must not exceed lambda_max")
+        return self
+
+    @property
+    def updates_policy(self) -> bool:
+        return self.algo != "retriever-only"
+
+    @property
+    def updates_retriever(self) -> bool:
+        return self.algo != "search-r1"
+
+    @property
+    def needs_q(self) -> bool:
+        return self.updates_retriever

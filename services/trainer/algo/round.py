@@ -1,0 +1,232 @@
+"""One training round for every algorithm behind `--algo` (DESIGN §4), reading top to bottom.
+
+bridge:  z <- phi, K steps on g(z; theta)                                (lower-level value proxy)
+         K steps phi <- phi - eta (grad_phi f / lambda + grad_phi g(phi; theta))   (retriever FIRST)
+         theta <- theta - alpha (grad_theta f + lambda (grad_theta g(phi) - grad_theta g(z)))
+         lambda <- min(lambda + delta, lambda_max)
+The others drop or reorder pieces of the same code: search-r1 (theta only), retriever-only (phi only),
+alt-rp (phi then theta, no coupling), alt-pr (theta then phi), joint (one simultaneous step on f + g).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from services.retriever.backends.encoder import SentenceEncoder
+from services.trainer.algo.batch import RoundBatch
+from services.trainer.algo.config import AlgoConfig
+from services.trainer.algo.losses import (
+    bilevel_correction,
+    grpo_loss,
+    plackett_luce_logprob,
+    q_target,
+    retrieval_credit_loss,
+    retriever_lower_loss,
+)
+from services.trainer.models import PolicyModel, RetrieverModel
+
+
+# ----------------------------------------------------------------------------- retriever side
+def candidate_logps(encoder: SentenceEncoder, retriever: RetrieverModel, batch: RoundBatch) -> list[torch.Tensor]:
+    """log p_phi(. | q) over each search's candidates: softmax(<E_phi(q), e_d> / tau); list of (M,)."""
+    if not batch.searches:
+        return []
+    queries = encoder([s.query for s in batch.searches])  # (S, H)
+    out = []
+    for query, search in zip(queries, batch.searches, strict=True):
+        docs = retriever.doc_vectors(search.candidate_ids, batch.doc_texts)  # (M, H)
+        out.append(torch.log_softmax(docs @ query / search.temperature, dim=-1))
+    return out
+
+
+def retrieval_credit(encoder, retriever, batch: RoundBatch) -> torch.Tensor:
+    """f's phi-part: -mean A_i log P_phi(D | q, C) by Plackett–Luce over the candidates."""
+    logps = candidate_logps(encoder, retriever, batch)
+    if not logps:
+        return torch.zeros(())
+    chosen = torch.stack([plackett_luce_logprob(lp, s.chosen) for lp, s in zip(logps, batch.searches, strict=True)])
+    advantages = torch.stack([batch.advantages[s.trajectory] for s in batch.searches])
+    return retrieval_credit_loss(chosen, advantages)
+
+
+def subset_logps(logps: list[torch.Tensor], batch: RoundBatch) -> torch.Tensor:
+    """Renormalised log p over each Q sample's candidate subset; (S_q, M_q)."""
+    return torch.stack([torch.log_softmax(logps[q.search][q.candidates], dim=-1) for q in batch.q_samples])
+
+
+def lower_loss(encoder, retriever, batch: RoundBatch, q_theta: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
+    """g(phi; theta) on the Q subsample, with Q_theta held fixed."""
+    if not batch.q_samples:
+        return torch.zeros(())
+    log_p = subset_logps(candidate_logps(encoder, retriever, batch), batch)
+    deployed = torch.stack(
+        [
+            torch.log_softmax(
+                batch.searches[q.search].deployed_scores[q.candidates] / batch.searches[q.search].temperature, -1
+            )
+            for q in batch.q_samples
+        ]
+    )
+    return retriever_lower_loss(q_theta.detach(), log_p, deployed, cfg.mu)
+
+
+def descend(params: list[torch.nn.Parameter], loss_fn: Callable[[], torch.Tensor], steps: int, lr: float) -> float:
+    optimizer = torch.optim.Adam(params, lr=lr)
+    value = 0.0
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = loss_fn()
+        if loss.requires_grad:
+            loss.backward()
+            optimizer.step()
+        value = float(loss)
+    return value
+
+
+# ----------------------------------------------------------------------------- policy side
+def answer_logprobs(policy: PolicyModel, batch: RoundBatch, q_index: int) -> torch.Tensor:
+    """log pi_theta(y* | x, d) for one Q sample's candidates; (M_q,), differentiable."""
+    q = batch.q_samples[q_index]
+    return torch.stack([policy.answer_logprob(ctx, q.answer_ids) for ctx in q.context_ids])
+
+
+def compute_q(policy: PolicyModel, batch: RoundBatch, cfg: AlgoConfig) -> torch.Tensor:
+    """Q_theta over each Q sample's candidates, without gradients; (S_q, M_q)."""
+    if not batch.q_samples:
+        return torch.zeros(0, 0)
+    with torch.no_grad():
+        return torch.stack(
+            [q_target(answer_logprobs(policy, batch, i), cfg.beta_q) for i in range(len(batch.q_samples))]
+        )
+
+
+def policy_step(
+    policy: PolicyModel,
+    batch: RoundBatch,
+    cfg: AlgoConfig,
+    *,
+    sequence_weights: torch.Tensor | None,
+    coupling: tuple[float, torch.Tensor, torch.Tensor] | None,
+    optimizer: torch.optim.Optimizer,
+) -> dict[str, float]:
+    """One step on f's theta-part (+ lambda x the bilevel correction), one sequence at a time for memory."""
+    optimizer.zero_grad()
+    stats = {"loss/policy": 0.0, "kl/mean": 0.0, "clip_ratio/mean": 0.0}
+    records = batch.records
+    valid = [i for i, r in enumerate(records) if any(t.generated_ids for t in r.turns)]
+    for i in valid:
+        record = records[i]
+        ids, mask = record.token_ids, record.generated_mask
+        start = mask.index(1)
+        completion_mask = torch.tensor(mask[start:], dtype=torch.float32)[None]  # (1, T')
+        old = torch.zeros_like(completion_mask)
+        old[0, completion_mask[0].bool()] = torch.tensor([lp for t in record.turns for lp in t.generated_logprobs])
+        logps = policy.token_logps(ids, start)[None]  # (1, T')
+        ref = policy.token_logps(ids, start, reference=True)[None] if cfg.beta else None
+        weights = None if sequence_weights is None else sequence_weights[i : i + 1]
+        loss, st = grpo_loss(
+            logps, old, batch.advantages[i : i + 1], completion_mask,
+            eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta, ref_logps=ref, sequence_weights=weights,
+        )  # fmt: skip
+        (loss / len(valid)).backward()
+        for key in stats:
+            stats[key] += st[key] / len(valid)
+    if coupling is not None and batch.q_samples:
+        lam, log_p_phi, log_p_z = coupling
+        correction_total = 0.0
+        for k in range(len(batch.q_samples)):
+            q_theta = q_target(answer_logprobs(policy, batch, k), cfg.beta_q)[None]  # (1, M_q), with grad
+            term = lam * bilevel_correction(q_theta, log_p_phi[k : k + 1], log_p_z[k : k + 1]) / len(batch.q_samples)
+            term.backward()
+            correction_total += float(term)
+        stats["loss/bilevel_correction"] = correction_total
+    optimizer.step()
+    return stats
+
+
+def reweight(retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig) -> torch.Tensor:
+    """Clipped prod_t P_phi(D_t) / P_phi_old(D_t) per trajectory: logged rollouts seen by the adapted retriever."""
+    log_ratio = torch.zeros(len(batch.records))
+    with torch.no_grad():
+        for lp, search in zip(candidate_logps(retriever.query, retriever, batch), batch.searches, strict=True):
+            log_ratio[search.trajectory] += plackett_luce_logprob(lp, search.chosen) - search.behaviour_logprob
+    return log_ratio.exp().clamp(max=cfg.weight_clip)
+
+
+# ----------------------------------------------------------------------------- the round
+def train_round(
+    policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float
+) -> dict[str, float]:
+    torch.manual_seed(cfg.seed)
+    started = time.perf_counter()
+    stats: dict[str, float] = {"lambda": lam}
+    phi = retriever.query
+    policy_optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr)
+
+    q_started = time.perf_counter()
+    q_theta = compute_q(policy, batch, cfg) if cfg.needs_q else None
+    q_seconds = time.perf_counter() - q_started
+
+    def upper_phi() -> torch.Tensor:
+        return retrieval_credit(phi, retriever, batch) / lam + lower_loss(phi, retriever, batch, q_theta, cfg)
+
+    z = None
+    if cfg.algo == "bridge":
+        z = retriever.copy_query()
+        stats["loss/lower_z"] = descend(
+            list(z.parameters()), lambda: lower_loss(z, retriever, batch, q_theta, cfg),
+            cfg.retriever_steps, cfg.retriever_lr,
+        )  # fmt: skip
+    if cfg.algo in ("bridge", "alt-rp", "retriever-only"):
+        stats["loss/retriever"] = descend(list(phi.parameters()), upper_phi, cfg.retriever_steps, cfg.retriever_lr)
+
+    if cfg.algo in ("bridge", "alt-rp", "search-r1"):
+        weights = (
+            reweight(retriever, batch, cfg) if cfg.updates_retriever and cfg.policy_rollouts == "reweighted" else None
+        )
+        coupling = None
+        if cfg.algo == "bridge" and batch.q_samples:
+            with torch.no_grad():
+                log_p_phi = subset_logps(candidate_logps(phi, retriever, batch), batch)
+                log_p_z = subset_logps(candidate_logps(z, retriever, batch), batch)
+            coupling = (lam, log_p_phi, log_p_z)
+        for _ in range(cfg.policy_steps):
+            q_started = time.perf_counter()
+            stats.update(
+                policy_step(policy, batch, cfg, sequence_weights=weights, coupling=coupling, optimizer=policy_optimizer)
+            )
+            if coupling is not None:
+                q_seconds += 0.0  # the correction's forward is counted inside the policy step
+        if weights is not None:
+            stats["weights/mean"] = float(weights.mean())
+
+    if cfg.algo == "alt-pr":
+        for _ in range(cfg.policy_steps):
+            stats.update(
+                policy_step(policy, batch, cfg, sequence_weights=None, coupling=None, optimizer=policy_optimizer)
+            )
+        q_started = time.perf_counter()
+        q_theta = compute_q(policy, batch, cfg)  # the retriever adapts to the UPDATED policy
+        q_seconds += time.perf_counter() - q_started
+        stats["loss/retriever"] = descend(list(phi.parameters()), upper_phi, cfg.retriever_steps, cfg.retriever_lr)
+
+    if cfg.algo == "joint":
+        retriever_optimizer = torch.optim.Adam(list(phi.parameters()), lr=cfg.retriever_lr)
+        retriever_optimizer.zero_grad()
+        retriever_loss = upper_phi()
+        if retriever_loss.requires_grad:
+            retriever_loss.backward()
+        stats["loss/retriever"] = float(retriever_loss)
+        stats.update(
+            policy_step(policy, batch, cfg, sequence_weights=None, coupling=None, optimizer=policy_optimizer)
+        )  # steps theta on its own gradients
+        retriever_optimizer.step()
+
+    elapsed = time.perf_counter() - started
+    stats["time/round_s"] = elapsed
+    stats["time/q_share"] = q_seconds / elapsed if elapsed else 0.0
+    stats["lambda_next"] = min(lam + cfg.lambda_step, cfg.lambda_max) if cfg.algo == "bridge" else lam
+    return stats

@@ -1,0 +1,78 @@
+"""The two learnable parts as the trainer holds them: a LoRA policy over the frozen base (which doubles as
+the KL reference) and the retriever's query tower over a frozen document tower.
+
+The encoder class is the retriever service's own, so a checkpoint written here loads there unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from services.retriever.backends.encoder import SentenceEncoder
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+class PolicyModel:
+    def __init__(self, base_dir: Path, adapter_dir: Path | None, rank: int, alpha: int) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        if adapter_dir is not None:
+            self.model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+        else:
+            config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=LORA_TARGETS, lora_dropout=0.0)
+            self.model = get_peft_model(base, config)  # B = 0: starts exactly at the base policy
+        self.model.train()
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def token_logps(self, token_ids: Sequence[int], start: int, *, reference: bool = False) -> torch.Tensor:
+        """log pi(token_t | tokens_<t) for t in [start, T); (T - start,). Gradients flow unless `reference`."""
+        input_ids = torch.tensor([list(token_ids)])
+        keep = len(token_ids) - start + 1
+        if reference:
+            with torch.no_grad(), self.model.disable_adapter():
+                logits = self.model(input_ids=input_ids, logits_to_keep=keep).logits
+        else:
+            logits = self.model(input_ids=input_ids, logits_to_keep=keep).logits
+        logits = logits[0, :-1].float()  # (T - start, V): position p predicts token p + 1
+        targets = input_ids[0, start:]
+        return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
+
+    def answer_logprob(self, context_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
+        """sum log pi(y* | context), differentiable; used for Q_theta."""
+        logps = self.token_logps(context_ids + answer_ids, len(context_ids))
+        return logps.sum()
+
+    def save_adapter(self, folder: Path) -> None:
+        self.model.save_pretrained(str(folder))
+        (folder / "README.md").unlink(missing_ok=True)  # checkpoints hold safetensors + config only
+
+
+class RetrieverModel:
+    def __init__(self, base_dir: Path, query_weights: Path | None, max_length: int = 256) -> None:
+        self.query = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32")
+        if query_weights is not None:
+            self.query.load_weights(query_weights)
+        self.query.model.train()
+        self.docs = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32")
+        self._doc_vectors: dict[str, torch.Tensor] = {}
+
+    def copy_query(self) -> SentenceEncoder:
+        return copy.deepcopy(self.query)
+
+    def doc_vectors(self, ids: list[str], texts: dict[str, str]) -> torch.Tensor:
+        """Frozen e_d for the given ids; (M, H). Cached across steps of a round."""
+        missing = [i for i in ids if i not in self._doc_vectors]
+        if missing:
+            vectors = self.docs.encode([texts[i] for i in missing])
+            for i, v in zip(missing, vectors, strict=True):
+                self._doc_vectors[i] = torch.from_numpy(v)
+        return torch.stack([self._doc_vectors[i] for i in ids])
