@@ -115,6 +115,94 @@ def ask(
     )
 
 
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Tasks at once (each trains on all cores).")] = 1,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+) -> None:
+    """Run a Celery trainer worker (broker: REDIS_URL). Scale out by starting more."""
+    from services.trainer.celery_app import make_celery
+
+    pool = "solo" if concurrency == 1 else "prefork"
+    make_celery().worker_main(["worker", f"--loglevel={loglevel}", f"--concurrency={concurrency}", f"--pool={pool}"])
+
+
+class AlgoName(StrEnum):
+    search_r1 = "search-r1"
+    retriever_only = "retriever-only"
+    alt_rp = "alt-rp"
+    alt_pr = "alt-pr"
+    joint = "joint"
+    bridge = "bridge"
+
+
+@app.command()
+def train(
+    algo: Annotated[AlgoName, typer.Option(help="Update rule (all share one code path).")] = AlgoName.bridge,
+    dataset: Annotated[str, typer.Option(help="Questions: <BRIDGE_TRAINER_QA_DIR>/<dataset>.jsonl.")] = "hotpotqa",
+    rounds: Annotated[int, typer.Option(min=1, help="BRIDGE rounds.")] = 2,
+    questions_per_round: Annotated[int, typer.Option(min=1, max=64, help="Questions per round.")] = 4,
+    group_size: Annotated[int, typer.Option(min=2, max=16, help="Rollouts per question (G).")] = 2,
+    seed: Annotated[int, typer.Option(help="The same seed gives the same run.")] = 0,
+    max_turns: Annotated[int, typer.Option(min=0, max=8, help="Searches per rollout.")] = 2,
+    policy_rollouts: Annotated[str, typer.Option(help="reweighted (logged) or fresh.")] = "reweighted",
+    run_id: Annotated[str | None, typer.Option(help="Name of the run (default: generated).")] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Re-enqueue an existing --run-id from its last published round.")
+    ] = False,
+    wait: Annotated[bool, typer.Option(help="Follow progress until the run ends.")] = True,
+) -> None:
+    """Start (or resume) a training run on the Celery workers; each round publishes retriever, then policy."""
+    import time
+    import uuid
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from services.trainer.algo.config import AlgoConfig
+    from services.trainer.celery_app import make_celery
+    from services.trainer.run_state import RunConfig, RunState, read_metrics
+    from services.trainer.settings import TrainerSettings
+    from services.trainer.work import start_run
+
+    settings = TrainerSettings()
+    if resume:
+        if not run_id:
+            raise typer.BadParameter("--resume needs --run-id")
+        state = RunState.load(settings.runs_dir, run_id)
+        state.status = "running"
+        state.save(settings.runs_dir)
+    else:
+        run_id = run_id or f"{algo.value}-{uuid.uuid4().hex[:6]}"
+        config = RunConfig(
+            run_id=run_id, dataset=dataset, rounds=rounds, questions_per_round=questions_per_round,
+            max_turns=max_turns,
+            algo=AlgoConfig(algo=algo.value, group_size=group_size, seed=seed, policy_rollouts=policy_rollouts),
+        )  # fmt: skip
+        state = start_run(settings, config)
+    make_celery(settings).send_task("trainer.round.collect", args=[run_id, state.next_round])
+    typer.echo(f"run {run_id}: {settings.runs_dir / run_id}")
+    if not wait:
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
+                  TimeElapsedColumn()) as progress:  # fmt: skip
+        task = progress.add_task(f"training {run_id}", total=state.config.rounds, completed=state.next_round)
+        while True:
+            state = RunState.load(settings.runs_dir, run_id)
+            progress.update(task, completed=state.next_round)
+            if state.status != "running":
+                break
+            time.sleep(1)
+    for row in read_metrics(settings.runs_dir, run_id):
+        typer.echo(
+            f"round {row['round']}: reward {row['reward/mean']:.3f} em {row['em/mean']:.3f} f1 {row['f1/mean']:.3f} "
+            f"recall {row['recall/support']:.3f} lambda {row['lambda']:.2f} -> retriever {row['retriever_version']}, "
+            f"policy {row['policy_version']} ({row['time/train_s']:.0f}s, {row['memory/peak_mb']:.0f} MB)"
+        )
+    if state.status == "failed":
+        typer.echo(f"run failed: {state.error}", err=True)
+        raise typer.Exit(1)
+
+
 def _admin_client(url: str):
     from services.common.clients.retriever import RetrieverClient
     from services.common.settings import CommonSettings

@@ -46,6 +46,8 @@ class AlgoConfig(BaseModel):
     def _checks(self) -> AlgoConfig:
         if self.lambda_init > self.lambda_max:
             raise ValueError("lambda_init must not exceed lambda_max")
+        if self.policy_rollouts == "fresh":
+            raise ValueError("policy_rollouts='fresh' is not implemented yet; use 'reweighted'")
         return self
 
     @property

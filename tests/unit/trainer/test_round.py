@@ -47,7 +47,8 @@ def make_records(policy: PolicyModel, retriever: RetrieverModel) -> list[Traject
             gen_ids = tok(f"<answer> {answer if g == 0 else 'Lyon'} </answer>", add_special_tokens=False)["input_ids"]
             with torch.no_grad():
                 behaviour = policy.token_logps(prompt_ids + obs_ids + gen_ids, len(prompt_ids) + len(obs_ids))
-            step = SearchStep(turn=0, query=question, candidates=[{"id": i, "score": float(s)} for i, s in zip(ids, scores)],
+            candidates = [{"id": i, "score": float(s)} for i, s in zip(ids, scores, strict=True)]
+            step = SearchStep(turn=0, query=question, candidates=candidates,
                               chosen_ids=[ids[c] for c in chosen], logprob=plackett_luce_logprob(logits, chosen),
                               mode="sample", temperature=0.1, retriever_version="base")  # fmt: skip
             turns = [

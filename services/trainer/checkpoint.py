@@ -1,0 +1,36 @@
+"""Writes the round's checkpoints into the shared checkpoint root (temporary folder, then an atomic rename)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.common.checkpoints import publish_checkpoint, staging_dir
+from services.trainer.models import PolicyModel, RetrieverModel
+
+
+def retriever_version(run_id: str, round_index: int) -> str:
+    return f"{run_id}-r{round_index}-retriever"
+
+
+def policy_version(run_id: str, round_index: int) -> str:
+    return f"{run_id}-r{round_index}-policy"
+
+
+def write_retriever(root: Path, retriever: RetrieverModel, version: str, parent: str | None, **meta) -> Path:
+    final = root / version
+    if final.exists():  # a retried task: the checkpoint of this (run, round) is already complete
+        return final
+    staging = staging_dir(root, version)
+    retriever.query.save_weights(staging / "query_encoder.safetensors")
+    publish_checkpoint(staging, final, kind="retriever-query", version=version, parent=parent, **meta)
+    return final
+
+
+def write_policy(root: Path, policy: PolicyModel, version: str, parent: str | None, **meta) -> Path:
+    final = root / version
+    if final.exists():
+        return final
+    staging = staging_dir(root, version)
+    policy.save_adapter(staging)
+    publish_checkpoint(staging, final, kind="policy-lora", version=version, parent=parent, **meta)
+    return final

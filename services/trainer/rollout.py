@@ -1,0 +1,99 @@
+"""Rollout collection: ask the policy service for groups, then take the logged trajectories from its Redis
+stream through this run's consumer group. Entries stay pending (un-acked) until the round that used them
+is published, so a worker that dies mid-round leaves them to be re-claimed, never lost or used twice."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import redis
+
+from services.common.checkpoints import write_json_atomic
+from services.common.clients.policy import PolicyClient
+from services.common.schemas.policy import RolloutItem, RolloutRequest, TrajectoryRecord
+from services.trainer.run_state import RunConfig
+
+
+def group_name(run_id: str) -> str:
+    return f"trainer:{run_id}"
+
+
+def ensure_group(r: redis.Redis, stream: str, run_id: str) -> None:
+    try:
+        r.xgroup_create(stream, group_name(run_id), id="$", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def round_items(config: RunConfig, qa_file: Path, round_index: int) -> list[dict]:
+    """The round's questions: a deterministic function of (seed, round), so a resumed round asks the same."""
+    rows = [json.loads(line) for line in qa_file.open() if line.strip()]
+    rng = random.Random(config.algo.seed * 1_000_003 + round_index)
+    return rng.sample(rows, min(config.questions_per_round, len(rows)))
+
+
+def rollout_tag(run_id: str, round_index: int) -> str:
+    return f"{run_id}/r{round_index}"
+
+
+def request_rollouts(client: PolicyClient, config: RunConfig, items: list[dict], round_index: int) -> list[str]:
+    request = RolloutRequest(
+        items=[RolloutItem(id=str(i["id"]), question=i["question"], golden_answers=i["golden_answers"]) for i in items],
+        group_size=config.algo.group_size,
+        temperature=config.rollout_temperature,
+        seed=config.algo.seed * 10_007 + round_index,
+        max_turns=config.max_turns,
+        top_k=config.top_k,
+        candidates=config.candidates,
+        retrieval_temperature=config.retrieval_temperature,
+        run_id=rollout_tag(config.run_id, round_index),
+    )
+    return [t.trajectory_id for t in client.rollouts(request).trajectories]
+
+
+def take_from_stream(
+    r: redis.Redis, stream: str, run_id: str, tag: str, expected: set[str], timeout_s: float = 60
+) -> list[tuple[str, TrajectoryRecord]]:
+    """Read (and re-claim) this run's entries until every expected trajectory is in hand."""
+    group, consumer = group_name(run_id), "worker"
+    found: dict[str, tuple[str, TrajectoryRecord]] = {}
+
+    def consider(entries) -> None:
+        for entry_id, fields in entries:
+            if not fields:  # trimmed from the stream while pending
+                continue
+            record = TrajectoryRecord.model_validate_json(fields["data"])
+            if record.run_id == tag and record.id in expected:
+                found[record.id] = (entry_id, record)
+            elif record.run_id is None or not record.run_id.startswith(f"{run_id}/"):
+                r.xack(stream, group, entry_id)  # someone else's trajectory: nothing for this run to keep
+
+    # Pending entries first: a previous attempt of this round read them and died before publishing.
+    cursor = "0-0"
+    while True:
+        cursor, claimed, *_ = r.xautoclaim(stream, group, consumer, min_idle_time=0, start_id=cursor, count=500)
+        consider(claimed)
+        if cursor in ("0-0", b"0-0"):
+            break
+    deadline = time.monotonic() + timeout_s
+    while set(found) != expected and time.monotonic() < deadline:
+        response = r.xreadgroup(group, consumer, {stream: ">"}, count=500, block=1000)
+        for _, entries in response or []:
+            consider(entries)
+    missing = expected - set(found)
+    if missing:
+        raise RuntimeError(f"{len(missing)} trajectories of {tag} never reached the stream {stream}")
+    return list(found.values())
+
+
+def save_round_rollouts(path: Path, entries: list[tuple[str, TrajectoryRecord]]) -> None:
+    write_json_atomic(path, [{"entry_id": e, "record": rec.model_dump(mode="json")} for e, rec in entries])
+
+
+def load_round_rollouts(path: Path) -> tuple[list[str], list[TrajectoryRecord]]:
+    rows = json.loads(path.read_text())
+    return [row["entry_id"] for row in rows], [TrajectoryRecord.model_validate(row["record"]) for row in rows]

@@ -1,0 +1,67 @@
+"""A training run's persistent state: config, progress and what was published, one JSON file per run,
+replaced atomically, so any worker can pick a run up where the last one left it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from services.common.checkpoints import write_json_atomic
+from services.trainer.algo.config import AlgoConfig
+
+
+class RunConfig(BaseModel):
+    run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    dataset: str
+    rounds: int = Field(ge=1, le=10_000)
+    questions_per_round: int = Field(ge=1, le=64)
+    source: Literal["dataset"] = "dataset"
+    max_turns: int = Field(2, ge=0, le=8)
+    rollout_temperature: float = Field(1.0, gt=0)
+    retrieval_temperature: float = Field(0.05, gt=0)
+    candidates: int = Field(20, ge=2, le=200)
+    top_k: int = Field(3, ge=1, le=10)
+    algo: AlgoConfig
+
+
+class Published(BaseModel):
+    round: int
+    retriever_version: str | None
+    policy_version: str | None
+
+
+class RunState(BaseModel):
+    config: RunConfig
+    status: Literal["running", "done", "failed"] = "running"
+    next_round: int = 0
+    lam: float
+    published: list[Published] = Field(default_factory=list)
+    retriever_weights: str | None = Field(None, description="Last published query tower (safetensors path).")
+    policy_adapter: str | None = Field(None, description="Last published LoRA adapter folder.")
+    retriever_version: str | None = None
+    policy_version: str | None = None
+    error: str | None = None
+
+    @staticmethod
+    def path(runs_dir: Path, run_id: str) -> Path:
+        return runs_dir / run_id / "state.json"
+
+    @classmethod
+    def load(cls, runs_dir: Path, run_id: str) -> RunState:
+        return cls.model_validate_json(cls.path(runs_dir, run_id).read_text())
+
+    def save(self, runs_dir: Path) -> None:
+        write_json_atomic(self.path(runs_dir, self.config.run_id), self.model_dump(mode="json"))
+
+
+def append_metrics(runs_dir: Path, run_id: str, row: dict) -> None:
+    with (runs_dir / run_id / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def read_metrics(runs_dir: Path, run_id: str) -> list[dict]:
+    path = runs_dir / run_id / "metrics.jsonl"
+    return [json.loads(line) for line in path.open()] if path.exists() else []

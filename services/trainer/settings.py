@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import CommonSettings
+
+DEMO_QA_DIR = Path(__file__).resolve().parents[1] / "cli" / "demo"
+
+
+class TrainerSettings(CommonSettings):
+    """`BRIDGE_TRAINER_*` (plus the common `BRIDGE_*` and `REDIS_URL`)."""
+
+    model_config = SettingsConfigDict(env_prefix="BRIDGE_TRAINER_", extra="ignore", populate_by_name=True)
+
+    policy_url: str = "http://127.0.0.1:8000"
+    retriever_url: str = "http://127.0.0.1:8001"
+    qa_dir: Path = Field(DEMO_QA_DIR, description="Where <dataset>.jsonl or <dataset>_questions.jsonl live.")
+    trajectory_stream: str = Field("bridge:trajectories", description="Must match the policy service's stream.")
+    policy_base_dir: Path | None = Field(
+        None, description="Base policy folder; default <models>/SmolLM2-135M-Instruct."
+    )
+    retriever_base_dir: Path | None = Field(None, description="Base encoder folder; default <models>/all-MiniLM-L6-v2.")
+    task_time_limit_s: int = Field(
+        3600,
+        ge=60,
+        description="Hard limit per task; the broker's visibility "
+        "timeout is set above it so a running task is never handed out twice.",
+    )
+    metrics_port: int | None = Field(None, description="Serve worker metrics (prometheus) on this port.")
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+    @property
+    def resolved_redis_url(self) -> str:
+        return self.redis_url or "redis://127.0.0.1:6379/0"
+
+    @property
+    def base_policy_dir(self) -> Path:
+        return self.policy_base_dir or self.policy_model_dir
+
+    @property
+    def base_retriever_dir(self) -> Path:
+        return self.retriever_base_dir or self.retriever_model_dir
+
+    def qa_file(self, dataset: str) -> Path:
+        for name in (f"{dataset}.jsonl", f"{dataset}_questions.jsonl"):
+            if (self.qa_dir / name).exists():
+                return self.qa_dir / name
+        raise FileNotFoundError(f"no questions for dataset {dataset!r} in {self.qa_dir} (set BRIDGE_TRAINER_QA_DIR)")
