@@ -146,6 +146,14 @@ def train(
     seed: Annotated[int, typer.Option(help="The same seed gives the same run.")] = 0,
     max_turns: Annotated[int, typer.Option(min=0, max=8, help="Searches per rollout.")] = 2,
     policy_rollouts: Annotated[str, typer.Option(help="reweighted (logged) or fresh.")] = "reweighted",
+    source: Annotated[
+        str,
+        typer.Option(
+            help="dataset (rollouts on --dataset) or live (served trajectories rewarded through POST /v1/feedback)."
+        ),
+    ] = "dataset",
+    live_batch: Annotated[int, typer.Option(min=1, help="Live: rewarded trajectories per round.")] = 8,
+    max_staleness: Annotated[int, typer.Option(min=0, help="Live: max policy versions behind.")] = 2,
     run_id: Annotated[str | None, typer.Option(help="Name of the run (default: generated).")] = None,
     resume: Annotated[
         bool, typer.Option(help="Re-enqueue an existing --run-id from its last published round.")
@@ -176,6 +184,7 @@ def train(
         config = RunConfig(
             run_id=run_id, dataset=dataset, rounds=rounds, questions_per_round=questions_per_round,
             max_turns=max_turns,
+            source=source, live_batch=live_batch, max_staleness=max_staleness,
             algo=AlgoConfig(algo=algo.value, group_size=group_size, seed=seed, policy_rollouts=policy_rollouts),
         )  # fmt: skip
         state = start_run(settings, config)
@@ -257,7 +266,12 @@ def demo(
     engine: Annotated[EngineName, typer.Option(help="LLM engine.")] = EngineName.vllm,
 ) -> None:
     """The main job: start everything, ask 3 questions, train, and show versions and answers before/after."""
+    import os
+
     from services.cli.demo import run_demo
+
+    # SmolLM2-135M says what it will say in a few dozen tokens; short turns keep the demo to minutes.
+    os.environ.setdefault("BRIDGE_POLICY_MAX_NEW_TOKENS", "64")
 
     with _stack(policy_port, retriever_port, engine.value) as stack:
         run_demo(stack, rounds=rounds)

@@ -24,6 +24,7 @@ def make_celery(settings: TrainerSettings | None = None) -> Celery:
         accept_content=["json"],
         result_expires=24 * 3600,
         worker_hijack_root_logger=False,
+        task_default_queue=settings.queue,
     )
     return app
 

@@ -97,3 +97,37 @@ def save_round_rollouts(path: Path, entries: list[tuple[str, TrajectoryRecord]])
 def load_round_rollouts(path: Path) -> tuple[list[str], list[TrajectoryRecord]]:
     rows = json.loads(path.read_text())
     return [row["entry_id"] for row in rows], [TrajectoryRecord.model_validate(row["record"]) for row in rows]
+
+
+def take_live(
+    r: redis.Redis, stream: str, run_id: str, want: int, fresh_versions: set[str]
+) -> tuple[list[tuple[str, TrajectoryRecord]], int]:
+    """Up to `want` rewarded trajectories from the feedback stream, oldest first; stale ones (a policy
+    version outside `fresh_versions`) are acknowledged and dropped. Returns (entries, dropped)."""
+    group, consumer = group_name(run_id), "worker"
+    taken: list[tuple[str, TrajectoryRecord]] = []
+    dropped = 0
+
+    def consider(entries) -> None:
+        nonlocal dropped
+        for entry_id, fields in entries:
+            if not fields:
+                continue
+            record = TrajectoryRecord.model_validate_json(fields["data"])
+            if record.reward is None or record.policy_version not in fresh_versions:
+                r.xack(stream, group, entry_id)
+                dropped += 1
+            elif len(taken) < want and entry_id not in {e for e, _ in taken}:
+                taken.append((entry_id, record))
+
+    cursor = "0-0"
+    while True:
+        cursor, claimed, *_ = r.xautoclaim(stream, group, consumer, min_idle_time=0, start_id=cursor, count=500)
+        consider(claimed)
+        if cursor in ("0-0", b"0-0"):
+            break
+    if len(taken) < want:
+        response = r.xreadgroup(group, consumer, {stream: ">"}, count=want - len(taken), block=100)
+        for _, entries in response or []:
+            consider(entries)
+    return taken, dropped

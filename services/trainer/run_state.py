@@ -18,7 +18,12 @@ class RunConfig(BaseModel):
     dataset: str
     rounds: int = Field(ge=1, le=10_000)
     questions_per_round: int = Field(ge=1, le=64)
-    source: Literal["dataset"] = "dataset"
+    source: Literal["dataset", "live"] = Field(
+        "dataset", description="dataset: rollouts on training questions; live: served trajectories with feedback."
+    )
+    live_batch: int = Field(8, ge=1, le=512, description="Live: rewarded trajectories per round.")
+    max_staleness: int = Field(2, ge=0, le=100, description="Live: how many policy versions old a trajectory may be.")
+    baseline_decay: float = Field(0.9, ge=0, lt=1, description="Live: EMA decay of the running reward baseline.")
     max_turns: int = Field(2, ge=0, le=8)
     rollout_temperature: float = Field(1.0, gt=0)
     retrieval_temperature: float = Field(0.05, gt=0)
@@ -44,6 +49,8 @@ class RunState(BaseModel):
     retriever_version: str | None = None
     policy_version: str | None = None
     error: str | None = None
+    initial_policy_version: str = Field("base", description="The policy serving when the run started.")
+    reward_baseline: float | None = Field(None, description="Live: running mean reward (advantage baseline).")
 
     @staticmethod
     def path(runs_dir: Path, run_id: str) -> Path:

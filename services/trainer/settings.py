@@ -29,6 +29,13 @@ class TrainerSettings(CommonSettings):
         description="Hard limit per task; the broker's visibility "
         "timeout is set above it so a running task is never handed out twice.",
     )
+    feedback_stream: str = Field("bridge:feedback", description="Must match the policy service's feedback stream.")
+    live_poll_s: float = Field(
+        10, ge=0.1, description="Live: how often to look again for enough rewarded trajectories."
+    )
+    queue: str = Field(
+        "bridge", description="Celery queue of this deployment's workers (isolates deployments that share a Redis)."
+    )
     metrics_port: int | None = Field(None, description="Serve worker metrics (prometheus) on this port.")
 
     @property

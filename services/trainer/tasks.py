@@ -16,8 +16,12 @@ def _settings() -> TrainerSettings:
 @shared_task(name="trainer.round.collect", bind=True)
 def collect(self, run_id: str, round_index: int) -> None:
     try:
-        if work.collect(_settings(), run_id, round_index):
+        settings = _settings()
+        outcome = work.collect(settings, run_id, round_index)
+        if outcome == "ready":
             train.delay(run_id, round_index)
+        elif outcome == "wait":  # live: look again later, without holding a worker
+            collect.apply_async((run_id, round_index), countdown=settings.live_poll_s)
     except Exception as exc:
         work.mark_failed(_settings(), run_id, f"collect round {round_index}: {exc!r}")
         raise

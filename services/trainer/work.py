@@ -26,6 +26,7 @@ from services.trainer.rollout import (
     round_items,
     save_round_rollouts,
     take_from_stream,
+    take_live,
 )
 from services.trainer.run_state import Published, RunConfig, RunState, append_metrics
 from services.trainer.settings import TrainerSettings
@@ -42,9 +43,16 @@ def start_run(settings: TrainerSettings, config: RunConfig) -> RunState:
     if RunState.path(settings.runs_dir, config.run_id).exists():
         return RunState.load(settings.runs_dir, config.run_id)
     folder.mkdir(parents=True, exist_ok=True)
-    settings.qa_file(config.dataset)  # fail now, not in a worker, when the dataset is missing
-    ensure_group(_redis(settings), settings.trajectory_stream, config.run_id)
+    r = _redis(settings)
+    if config.source == "live":
+        ensure_group(r, settings.feedback_stream, config.run_id)
+    else:
+        settings.qa_file(config.dataset)  # fail now, not in a worker, when the dataset is missing
+        ensure_group(r, settings.trajectory_stream, config.run_id)
     state = RunState(config=config, lam=config.algo.lambda_init)
+    if config.source == "live":  # served trajectories come from whatever policy is live now
+        with PolicyClient(settings.policy_url) as client:
+            state.initial_policy_version = client.checkpoints().active
     state.save(settings.runs_dir)
     return state
 
@@ -55,15 +63,17 @@ def round_dir(settings: TrainerSettings, run_id: str, round_index: int):
     return path
 
 
-def collect(settings: TrainerSettings, run_id: str, round_index: int) -> bool:
-    """Rollouts for the round; False when the round is already published (nothing to do)."""
+def collect(settings: TrainerSettings, run_id: str, round_index: int) -> str:
+    """Trajectories for the round: "ready", "skip" (already published) or "wait" (live: not enough yet)."""
     state = RunState.load(settings.runs_dir, run_id)
     if state.next_round > round_index:
-        return False
+        return "skip"
     out = round_dir(settings, run_id, round_index) / "rollouts.json"
     if out.exists():
-        return True
+        return "ready"
     config = state.config
+    if config.source == "live":
+        return collect_live(settings, state, round_index, out)
     items = round_items(config, settings.qa_file(config.dataset), round_index)
     write_json_atomic(out.with_name("items.json"), items)
     r = _redis(settings)
@@ -79,7 +89,26 @@ def collect(settings: TrainerSettings, run_id: str, round_index: int) -> bool:
             expected = set(request_rollouts(client, config, items, round_index))
         entries = take_from_stream(r, settings.trajectory_stream, run_id, tag, expected)
     save_round_rollouts(out, entries)
-    return True
+    return "ready"
+
+
+def fresh_versions(state: RunState) -> set[str]:
+    """The policy versions a live trajectory may come from: the newest `max_staleness + 1` of this run."""
+    versions = [state.initial_policy_version] + [p.policy_version for p in state.published if p.policy_version]
+    return set(versions[-(state.config.max_staleness + 1) :])
+
+
+def collect_live(settings: TrainerSettings, state: RunState, round_index: int, out) -> str:
+    run_id = state.config.run_id
+    entries, dropped = take_live(_redis(settings), settings.feedback_stream, run_id, state.config.live_batch,
+                                 fresh_versions(state))  # fmt: skip
+    if dropped:
+        log.info("run %s: dropped %d stale or unrewarded live trajectories", run_id, dropped)
+    if len(entries) < state.config.live_batch:
+        return "wait"  # they stay pending for this run's group and are re-claimed on the next look
+    write_json_atomic(out.with_name("items.json"), [])
+    save_round_rollouts(out, entries)
+    return "ready"
 
 
 def _fetch_docs(settings: TrainerSettings, ids: set[str]) -> dict[str, tuple[str, str]]:
@@ -107,12 +136,12 @@ def train(settings: TrainerSettings, run_id: str, round_index: int) -> bool:
     )
     retriever = RetrieverModel(settings.base_retriever_dir, state.retriever_weights and _path(state.retriever_weights))
     candidate_ids = {str(c["id"]) for r in records for t in r.turns if t.search for c in t.search.candidates}
-    batch = build_batch(
-        records,
-        cfg.model_copy(update={"seed": cfg.seed + round_index}),
-        policy.tokenizer,
-        _fetch_docs(settings, candidate_ids),
-    )
+    live = state.config.source == "live"
+    baseline = (state.reward_baseline if state.reward_baseline is not None else 0.0) if live else None
+    batch = build_batch(records, cfg.model_copy(update={"seed": cfg.seed + round_index}), policy.tokenizer,
+                        _fetch_docs(settings, candidate_ids), baseline=baseline)  # fmt: skip
+    if live:
+        batch.sequence_weights = importance_weights(policy, records, cfg.weight_clip)
     stats = train_round(policy, retriever, batch, cfg, state.lam)
 
     root = settings.checkpoint_root
@@ -133,6 +162,25 @@ def train(settings: TrainerSettings, run_id: str, round_index: int) -> bool:
     result["entry_ids"] = entry_ids
     write_json_atomic(out, result)
     return True
+
+
+def importance_weights(policy: PolicyModel, records, clip: float):
+    """Truncated per-trajectory weights min(clip, pi_theta / pi_behaviour) (geometric mean over generated
+    tokens): live trajectories may come from an older policy version than the one being trained."""
+    import torch
+
+    weights = []
+    with torch.no_grad():
+        for record in records:
+            mask = record.generated_mask
+            if 1 not in mask:
+                weights.append(1.0)
+                continue
+            start = mask.index(1)
+            current = policy.token_logps(record.token_ids, start)[torch.tensor(mask[start:], dtype=torch.bool)]
+            behaviour = torch.tensor([lp for t in record.turns for lp in t.generated_logprobs])
+            weights.append(min(clip, float((current - behaviour).mean().exp())))
+    return torch.tensor(weights)
 
 
 def _path(value: str):
@@ -199,6 +247,11 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int) -> bool:
         Published(round=round_index, retriever_version=trained["retriever"], policy_version=trained["policy"])
     )
     state.lam = stats.get("lambda_next", state.lam)
+    if state.config.source == "live":
+        mean_reward = trained["rollout_metrics"]["reward/mean"]
+        decay = state.config.baseline_decay
+        previous = state.reward_baseline
+        state.reward_baseline = mean_reward if previous is None else decay * previous + (1 - decay) * mean_reward
     state.next_round = round_index + 1
     if state.next_round >= state.config.rounds:
         state.status = "done"

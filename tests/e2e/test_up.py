@@ -40,7 +40,8 @@ def test_up_serves_trains_and_stops_cleanly(tmp_path, policy_models_root):
     policy_port, retriever_port = free_port(), free_port()
     env = {**os.environ, "BRIDGE_DATA_DIR": str(data_dir), "BRIDGE_POLICY_VLLM_PORT": str(free_port()),
            "BRIDGE_POLICY_MAX_NEW_TOKENS": "32", "VLLM_CACHE_ROOT": str(REPO / ".cache" / "vllm"),
-           "BRIDGE_TRAINER_TRAJECTORY_STREAM": "bridge:trajectories"}  # fmt: skip
+           "BRIDGE_TRAINER_TRAJECTORY_STREAM": "bridge:trajectories",
+           "BRIDGE_TRAINER_QUEUE": f"bridge-test-{free_port()}"}  # fmt: skip
     env.pop("BRIDGE_ADMIN_TOKEN", None)
     env.pop("REDIS_URL", None)
     log = (tmp_path / "up.log").open("w")
@@ -64,8 +65,8 @@ def test_up_serves_trains_and_stops_cleanly(tmp_path, policy_models_root):
 
         redis_url = next(line.split()[-1] for line in (tmp_path / "up.log").read_text().splitlines()
                          if line.startswith("redis "))  # fmt: skip
-        train_env = {**env, "REDIS_URL": redis_url,
-                     "BRIDGE_TRAINER_POLICY_URL": policy, "BRIDGE_TRAINER_RETRIEVER_URL": f"http://127.0.0.1:{retriever_port}"}  # fmt: skip
+        train_env = {**env, "REDIS_URL": redis_url, "BRIDGE_TRAINER_POLICY_URL": policy,
+                     "BRIDGE_TRAINER_RETRIEVER_URL": f"http://127.0.0.1:{retriever_port}"}  # fmt: skip
         run = subprocess.run(
             [sys.executable, "-m", "services.cli.main", "train", "--rounds", "1", "--questions-per-round", "2",
              "--group-size", "2", "--max-turns", "1", "--run-id", "up-test"],

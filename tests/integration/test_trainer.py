@@ -1,4 +1,4 @@
-"""Two bridge rounds on the real services (embedded mode) through a real Celery worker on Redis."""
+"""Training on the real services (embedded mode) through a real Celery worker on Redis."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -15,12 +16,13 @@ from tests.conftest import REPO, policy_env, start_service, stop_service
 pytestmark = pytest.mark.slow
 
 
-def test_two_bridge_rounds_publish_retriever_then_policy(tmp_path, retriever_factory, policy_models_root):
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, retriever_factory, policy_models_root):
     from services.cli.ingest import ingest_file
     from services.common.clients.retriever import RetrieverClient
 
-    checkpoints = tmp_path / "checkpoints"
-    shared = {"BRIDGE_CHECKPOINT_DIR": str(checkpoints)}
+    tmp_path = tmp_path_factory.mktemp("trainer")
+    shared = {"BRIDGE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
     retriever = retriever_factory("trainer-retriever", **shared)
     with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
         ingest_file(client, REPO / "services/cli/demo/hotpotqa_corpus.jsonl", progress=False)
@@ -30,38 +32,71 @@ def test_two_bridge_rounds_publish_retriever_then_policy(tmp_path, retriever_fac
         **os.environ, **shared,
         "BRIDGE_DATA_DIR": str(tmp_path / "trainer"), "BRIDGE_ADMIN_TOKEN": policy.token,
         "REDIS_URL": env["REDIS_URL"], "BRIDGE_TRAINER_TRAJECTORY_STREAM": env["BRIDGE_POLICY_TRAJECTORY_STREAM"],
+        "BRIDGE_TRAINER_FEEDBACK_STREAM": env["BRIDGE_POLICY_FEEDBACK_STREAM"], "BRIDGE_TRAINER_LIVE_POLL_S": "1",
+        # A queue of this test's own, so another worker on the same broker never takes its tasks.
+        "BRIDGE_TRAINER_QUEUE": f"bridge-test-{os.getpid()}-{tmp_path.name}",
         "BRIDGE_TRAINER_POLICY_URL": policy.url, "BRIDGE_TRAINER_RETRIEVER_URL": retriever.url,
         "BRIDGE_TRAINER_POLICY_BASE_DIR": str(policy_models_root / "SmolLM2-135M-Instruct"),
         "BRIDGE_TRAINER_RETRIEVER_BASE_DIR": str(policy_models_root / "all-MiniLM-L6-v2"),
     }  # fmt: skip
-    # A queue of this test's own, so a stray worker elsewhere on the broker never takes its tasks.
     log = (tmp_path / "worker.log").open("w")
     worker = subprocess.Popen([sys.executable, "-m", "services.cli.main", "worker"], env=trainer_env, cwd=REPO,
                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        run = subprocess.run(
-            [sys.executable, "-m", "services.cli.main", "train", "--algo", "bridge", "--dataset", "hotpotqa",
-             "--rounds", "2", "--questions-per-round", "4", "--group-size", "2", "--seed", "0", "--max-turns", "1",
-             "--run-id", "it-bridge"],
-            env=trainer_env, cwd=REPO, capture_output=True, text=True, timeout=1500,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stdout + run.stderr + (tmp_path / "worker.log").read_text()[-3000:]
-        print(run.stdout)
-        rows = [json.loads(line) for line in (tmp_path / "trainer/runs/it-bridge/metrics.jsonl").open()]
-        assert [r["round"] for r in rows] == [0, 1]
-        for row in rows:
-            assert row["activated_at"]["retriever"] < row["activated_at"]["policy"]  # retriever FIRST
-            assert row["loss/bilevel_correction"] == row["loss/bilevel_correction"]  # finite, present
-        assert rows[1]["lambda"] == rows[0]["lambda"] + 0.5
-        ret = httpx.get(retriever.url + "/v1/checkpoints").json()
-        pol = httpx.get(policy.url + "/v1/checkpoints").json()
-        assert ret["active"] == "it-bridge-r1-retriever" and ret["previous"] == "it-bridge-r0-retriever"
-        assert pol["active"] == "it-bridge-r1-policy" and pol["previous"] == "it-bridge-r0-policy"
-        answer = httpx.post(policy.url + "/v1/agent/query", json={"question": "Who wrote Hamlet?", "max_turns": 1},
+    yield {"retriever": retriever, "policy": policy, "env": trainer_env, "dir": tmp_path}
+    worker.terminate()
+    worker.wait(timeout=60)
+    stop_service(policy)
+
+
+def train(stack, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    run = subprocess.run([sys.executable, "-m", "services.cli.main", "train", *args], env=stack["env"], cwd=REPO,
+                         capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr + (stack["dir"] / "worker.log").read_text()[-3000:]
+    return run
+
+
+def metrics(stack, run_id: str) -> list[dict]:
+    return [json.loads(line) for line in (stack["dir"] / f"trainer/runs/{run_id}/metrics.jsonl").open()]
+
+
+def test_two_bridge_rounds_publish_retriever_then_policy(stack):
+    retriever, policy = stack["retriever"], stack["policy"]
+    print(train(stack, "--algo", "bridge", "--dataset", "hotpotqa", "--rounds", "2", "--questions-per-round", "4",
+                "--group-size", "2", "--seed", "0", "--max-turns", "1", "--run-id", "it-bridge").stdout)  # fmt: skip
+    rows = metrics(stack, "it-bridge")
+    assert [r["round"] for r in rows] == [0, 1]
+    for row in rows:
+        assert row["activated_at"]["retriever"] < row["activated_at"]["policy"]  # retriever FIRST
+        assert row["loss/bilevel_correction"] == row["loss/bilevel_correction"]  # present and not NaN
+    assert rows[1]["lambda"] == rows[0]["lambda"] + 0.5
+    ret = httpx.get(retriever.url + "/v1/checkpoints").json()
+    pol = httpx.get(policy.url + "/v1/checkpoints").json()
+    assert ret["active"] == "it-bridge-r1-retriever" and ret["previous"] == "it-bridge-r0-retriever"
+    assert pol["active"] == "it-bridge-r1-policy" and pol["previous"] == "it-bridge-r0-policy"
+    answer = httpx.post(policy.url + "/v1/agent/query", json={"question": "Who wrote Hamlet?", "max_turns": 1},
+                        timeout=600).json()  # fmt: skip
+    assert answer["policy_version"] == "it-bridge-r1-policy"
+    assert answer["retriever_version"] == "it-bridge-r1-retriever"
+
+
+def test_live_learning_from_feedback(stack):
+    policy = stack["policy"]
+    train(stack, "--source", "live", "--live-batch", "4", "--rounds", "1", "--run-id", "it-live", "--no-wait")
+    questions = [json.loads(line) for line in (REPO / "services/cli/demo/hotpotqa_questions.jsonl").open()][:4]
+    for i, q in enumerate(questions):
+        served = httpx.post(policy.url + "/v1/agent/query", json={"question": q["question"], "max_turns": 1},
                             timeout=600).json()  # fmt: skip
-        assert answer["policy_version"] == "it-bridge-r1-policy"
-        assert answer["retriever_version"] == "it-bridge-r1-retriever"
-    finally:
-        worker.terminate()
-        worker.wait(timeout=60)
-        stop_service(policy)
+        reward = {"reward": float(i % 2)}
+        assert httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": served["trajectory_id"], **reward},
+                          ).status_code == 200  # fmt: skip
+    state_path = stack["dir"] / "trainer/runs/it-live/state.json"
+    deadline = time.monotonic() + 1200
+    while json.loads(state_path.read_text())["status"] == "running":
+        assert time.monotonic() < deadline, (stack["dir"] / "worker.log").read_text()[-3000:]
+        time.sleep(2)
+    state = json.loads(state_path.read_text())
+    assert state["status"] == "done", state.get("error")
+    assert state["reward_baseline"] == pytest.approx(0.5)  # first round: the batch mean
+    [row] = metrics(stack, "it-live")
+    assert row["reward/mean"] == pytest.approx(0.5) and row["weights/mean"] > 0
+    assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == "it-live-r0-policy"

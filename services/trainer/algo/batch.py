@@ -22,7 +22,7 @@ class SearchSample:
     deployed_scores: torch.Tensor  # (M,) the live retriever's scores when it was sampled
     chosen: torch.Tensor  # (k,) indices into the candidates, in draw order
     temperature: float
-    behaviour_logprob: float
+    behaviour_logprob: float | None  # None for a greedy (served) retrieval: no retrieval-credit term
 
 
 @dataclass
@@ -44,6 +44,11 @@ class RoundBatch:
     q_samples: list[QSample]
     doc_texts: dict[str, str]
     doc_titles: dict[str, str] = field(default_factory=dict)
+    sequence_weights: torch.Tensor | None = None  # (B,) truncated importance weights for off-policy data
+
+    @property
+    def sampled(self) -> list[SearchSample]:
+        return [s for s in self.searches if s.behaviour_logprob is not None]
 
 
 def order_groups(records: list[TrajectoryRecord]) -> list[TrajectoryRecord]:
@@ -56,16 +61,20 @@ def build_batch(
     cfg: AlgoConfig,
     tokenizer,
     docs: dict[str, tuple[str, str]],
+    baseline: float | None = None,
 ) -> RoundBatch:
-    """`docs`: id -> (title, text) for every candidate id in the records."""
+    """`docs`: id -> (title, text) for every candidate id in the records.
+
+    With `baseline` (live trajectories come alone, not in groups) advantages are r_i - baseline, a running
+    mean kept by the run; otherwise GRPO's group normalisation."""
     records = order_groups(records)
     rewards = torch.tensor([float(r.reward or 0.0) for r in records])
-    advantages = grpo_advantages(rewards, cfg.group_size)
+    advantages = rewards - baseline if baseline is not None else grpo_advantages(rewards, cfg.group_size)
     searches: list[SearchSample] = []
     for i, record in enumerate(records):
         for turn in record.turns:
             step = turn.search
-            if step is None or step.logprob is None or not step.candidates:
+            if step is None or not step.candidates:
                 continue
             ids = [str(c["id"]) for c in step.candidates]
             searches.append(

@@ -44,11 +44,12 @@ def candidate_logps(encoder: SentenceEncoder, retriever: RetrieverModel, batch: 
 
 def retrieval_credit(encoder, retriever, batch: RoundBatch) -> torch.Tensor:
     """f's phi-part: -mean A_i log P_phi(D | q, C) by Plackett–Luce over the candidates."""
-    logps = candidate_logps(encoder, retriever, batch)
-    if not logps:
+    pairs = [(lp, s) for lp, s in zip(candidate_logps(encoder, retriever, batch), batch.searches, strict=True)
+             if s.behaviour_logprob is not None]  # fmt: skip
+    if not pairs:
         return torch.zeros(())
-    chosen = torch.stack([plackett_luce_logprob(lp, s.chosen) for lp, s in zip(logps, batch.searches, strict=True)])
-    advantages = torch.stack([batch.advantages[s.trajectory] for s in batch.searches])
+    chosen = torch.stack([plackett_luce_logprob(lp, s.chosen) for lp, s in pairs])
+    advantages = torch.stack([batch.advantages[s.trajectory] for _, s in pairs])
     return retrieval_credit_loss(chosen, advantages)
 
 
@@ -82,7 +83,7 @@ def descend(params: list[torch.nn.Parameter], loss_fn: Callable[[], torch.Tensor
         if loss.requires_grad:
             loss.backward()
             optimizer.step()
-        value = float(loss)
+        value = float(loss.detach())
     return value
 
 
@@ -152,8 +153,16 @@ def reweight(retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig) -> t
     log_ratio = torch.zeros(len(batch.records))
     with torch.no_grad():
         for lp, search in zip(candidate_logps(retriever.query, retriever, batch), batch.searches, strict=True):
+            if search.behaviour_logprob is None:
+                continue
             log_ratio[search.trajectory] += plackett_luce_logprob(lp, search.chosen) - search.behaviour_logprob
     return log_ratio.exp().clamp(max=cfg.weight_clip)
+
+
+def combine(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return a * b
 
 
 # ----------------------------------------------------------------------------- the round
@@ -184,9 +193,8 @@ def train_round(
         stats["loss/retriever"] = descend(list(phi.parameters()), upper_phi, cfg.retriever_steps, cfg.retriever_lr)
 
     if cfg.algo in ("bridge", "alt-rp", "search-r1"):
-        weights = (
-            reweight(retriever, batch, cfg) if cfg.updates_retriever and cfg.policy_rollouts == "reweighted" else None
-        )
+        reweighted = cfg.updates_retriever and cfg.policy_rollouts == "reweighted"
+        weights = combine(reweight(retriever, batch, cfg) if reweighted else None, batch.sequence_weights)
         coupling = None
         if cfg.algo == "bridge" and batch.q_samples:
             with torch.no_grad():
@@ -194,20 +202,15 @@ def train_round(
                 log_p_z = subset_logps(candidate_logps(z, retriever, batch), batch)
             coupling = (lam, log_p_phi, log_p_z)
         for _ in range(cfg.policy_steps):
-            q_started = time.perf_counter()
-            stats.update(
-                policy_step(policy, batch, cfg, sequence_weights=weights, coupling=coupling, optimizer=policy_optimizer)
-            )
-            if coupling is not None:
-                q_seconds += 0.0  # the correction's forward is counted inside the policy step
+            stats.update(policy_step(policy, batch, cfg, sequence_weights=weights, coupling=coupling,
+                                     optimizer=policy_optimizer))  # fmt: skip
         if weights is not None:
             stats["weights/mean"] = float(weights.mean())
 
     if cfg.algo == "alt-pr":
         for _ in range(cfg.policy_steps):
-            stats.update(
-                policy_step(policy, batch, cfg, sequence_weights=None, coupling=None, optimizer=policy_optimizer)
-            )
+            stats.update(policy_step(policy, batch, cfg, sequence_weights=batch.sequence_weights, coupling=None,
+                                     optimizer=policy_optimizer))  # fmt: skip
         q_started = time.perf_counter()
         q_theta = compute_q(policy, batch, cfg)  # the retriever adapts to the UPDATED policy
         q_seconds += time.perf_counter() - q_started
@@ -219,10 +222,10 @@ def train_round(
         retriever_loss = upper_phi()
         if retriever_loss.requires_grad:
             retriever_loss.backward()
-        stats["loss/retriever"] = float(retriever_loss)
-        stats.update(
-            policy_step(policy, batch, cfg, sequence_weights=None, coupling=None, optimizer=policy_optimizer)
-        )  # steps theta on its own gradients
+        stats["loss/retriever"] = float(retriever_loss.detach())
+        # theta steps on its own gradients, phi on its own: one simultaneous step on f + g
+        stats.update(policy_step(policy, batch, cfg, sequence_weights=batch.sequence_weights, coupling=None,
+                                 optimizer=policy_optimizer))  # fmt: skip
         retriever_optimizer.step()
 
     elapsed = time.perf_counter() - started
