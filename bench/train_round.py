@@ -78,8 +78,8 @@ def make_batch_file(models: Path, out: Path, questions: int = 4, group: int = 2)
             obs_ids = tok(obs, add_special_tokens=False)["input_ids"]
             torch.manual_seed(n * 10 + g)
             with torch.no_grad():
-                out = policy.model.generate(torch.tensor([prompt_ids + obs_ids]), max_new_tokens=64, do_sample=True)
-            gen_ids = out[0, len(prompt_ids) + len(obs_ids) :].tolist()
+                sample = policy.model.generate(torch.tensor([prompt_ids + obs_ids]), max_new_tokens=64, do_sample=True)
+            gen_ids = sample[0, len(prompt_ids) + len(obs_ids) :].tolist()
             with torch.no_grad():
                 behaviour = policy.token_logps(prompt_ids + obs_ids + gen_ids, len(prompt_ids) + len(obs_ids))
             step = SearchStep(turn=0, query=item["question"],
@@ -104,7 +104,9 @@ def make_batch_file(models: Path, out: Path, questions: int = 4, group: int = 2)
 
 def second_order_round(policy, retriever, batch, cfg, lam: float) -> None:
     """Implicit-function hypergradient for theta (Neumann inverse-HVP), then the usual phi steps."""
-    phi = list(retriever.query.parameters())
+    # The pooler is not used by mean pooling: keep the parameters that carry gradient.
+    phi = [p for n, p in retriever.query.named_parameters() if "pooler" not in n]
+    all_phi = list(retriever.query.parameters())
     theta = policy.parameters()
     grad_f_phi = torch.autograd.grad(retrieval_credit(retriever.query, retriever, batch) / lam, phi, allow_unused=True)
     grad_f_phi = [torch.zeros_like(p) if g is None else g for g, p in zip(grad_f_phi, phi, strict=True)]
@@ -129,7 +131,7 @@ def second_order_round(policy, retriever, batch, cfg, lam: float) -> None:
                 p -= cfg.policy_lr * eta * m
     q_fixed = q_theta.detach()
     descend(
-        phi,
+        all_phi,
         lambda: (
             retrieval_credit(retriever.query, retriever, batch) / lam
             + lower_loss(retriever.query, retriever, batch, q_fixed, cfg)
@@ -160,7 +162,7 @@ def run_one(algo: str, models: Path, batch_file: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--one", help=argparse.SUPPRESS)
-    parser.add_argument("--batch", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=Path, help="Reuse (or create) the batch file here.")
     parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
     args = parser.parse_args()
     models = args.work / "models"
@@ -169,8 +171,9 @@ def main() -> None:
         return
     prepare_retriever_model(models / "all-MiniLM-L6-v2")
     prepare_policy_model(models / "SmolLM2-135M-Instruct")
-    batch_file = Path(tempfile.mkdtemp()) / "batch.json"
-    make_batch_file(models, batch_file)
+    batch_file = args.batch or Path(tempfile.mkdtemp()) / "batch.json"
+    if not batch_file.exists():
+        make_batch_file(models, batch_file)
     results = {}
     for algo in ("search-r1", "bridge", "second-order"):
         out = subprocess.run([sys.executable, __file__, "--one", algo, "--batch", str(batch_file)],

@@ -10,7 +10,7 @@ Held metric: the expected exact-match reward of a one-document agent, computed e
 sampling: R(theta, phi) = mean_q sum_{d in C(q)} p_phi(d | q) * pi_theta(y* | x, d). The printed gain is
 R(after) - R(start) for each order, per seed, then mean and standard deviation.
 
-    python experiments/order.py [--seeds 3] [--train-questions 8] [--held-questions 12]
+    python experiments/order.py [--seeds 3] [--train-questions 6] [--held-questions 8]
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def held_reward(items, corpus, policy: PolicyModel, retriever: RetrieverModel) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--train-questions", type=int, default=8)
-    parser.add_argument("--held-questions", type=int, default=12)
+    parser.add_argument("--train-questions", type=int, default=6)
+    parser.add_argument("--held-questions", type=int, default=8)
     parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
     args = parser.parse_args()
     models = args.work / "models"

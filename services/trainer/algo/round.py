@@ -138,11 +138,18 @@ def policy_step(
     if coupling is not None and batch.q_samples:
         lam, log_p_phi, log_p_z = coupling
         correction_total = 0.0
-        for k in range(len(batch.q_samples)):
-            q_theta = q_target(answer_logprobs(policy, batch, k), cfg.beta_q)[None]  # (1, M_q), with grad
+        for k, q in enumerate(batch.q_samples):
+            # Chain rule by hand: d(term)/d(answer log-probs) is cheap and exact; then each candidate's
+            # sequence is back-propagated alone, so memory stays at one sequence, as for the GRPO term.
+            with torch.no_grad():
+                answer_lp = answer_logprobs(policy, batch, k)  # (M_q,)
+            answer_lp.requires_grad_(True)
+            q_theta = q_target(answer_lp, cfg.beta_q)[None]  # (1, M_q)
             term = lam * bilevel_correction(q_theta, log_p_phi[k : k + 1], log_p_z[k : k + 1]) / len(batch.q_samples)
-            term.backward()
-            correction_total += float(term)
+            (d_term,) = torch.autograd.grad(term, answer_lp)
+            for d, context in enumerate(q.context_ids):
+                policy.answer_logprob(context, q.answer_ids).backward(d_term[d])
+            correction_total += float(term.detach())
         stats["loss/bilevel_correction"] = correction_total
     optimizer.step()
     return stats
