@@ -32,7 +32,10 @@ def ask_all(stack: Stack, questions: list[dict]) -> list[dict]:
     with PolicyClient(stack.policy_url) as client:
         for q in questions:
             r = client.query(q["question"], max_turns=1)
-            out.append({"answer": r.answer or "(none)", "policy": r.policy_version, "retriever": r.retriever_version,
+            said = " ".join(t.text for t in r.turns).strip().replace("\n", " ")
+            # SmolLM2-135M rarely closes an <answer> tag: show what it said instead of an empty cell.
+            answer = r.answer or f"(no <answer>) {said[:60]}"
+            out.append({"answer": answer, "policy": r.policy_version, "retriever": r.retriever_version,
                         "searched": [d["title"] for t in r.turns if t.search for d in t.search.docs]})  # fmt: skip
     return out
 
@@ -71,10 +74,11 @@ def run_demo(stack: Stack, rounds: int = 2) -> None:
     run_id = run_training(stack, rounds, console)
     after = ask_all(stack, questions)
     table = Table(title=f"BRIDGE demo: before and after {rounds} rounds ({run_id})")
-    for column in ("question", "gold", "before", "after"):
+    for column in ("question", "gold", "read before", "said before", "read after", "said after"):
         table.add_column(column, overflow="fold")
     for q, b, a in zip(questions, before, after, strict=True):
-        table.add_row(q["question"], ", ".join(q["golden_answers"]), b["answer"], a["answer"])
+        table.add_row(q["question"], ", ".join(q["golden_answers"]), "; ".join(b["searched"]), b["answer"],
+                      "; ".join(a["searched"]), a["answer"])  # fmt: skip
     console.print(table)
     console.print(f"policy    {before[0]['policy']} -> {after[0]['policy']}")
     console.print(f"retriever {before[0]['retriever']} -> {after[0]['retriever']}")
