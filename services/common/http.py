@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.common.errors import Forbidden, Unauthorized, error_body
@@ -70,3 +70,20 @@ def check_bearer(request: Request, expected: str) -> None:
         raise Unauthorized("admin endpoint: send 'Authorization: Bearer <BRIDGE_ADMIN_TOKEN>'")
     if not hmac.compare_digest(token.strip().encode(), expected.encode()):
         raise Forbidden("admin token is not valid")
+
+
+def require_admin(request: Request) -> None:
+    """FastAPI dependency: the app keeps its token in `app.state.admin_token`."""
+    check_bearer(request, request.app.state.admin_token)
+
+
+def install_request_middleware(app: FastAPI, max_body_bytes: int) -> None:
+    """Body-size limit, and a request counter by route and status in `app.state.metrics.requests`."""
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        app.state.metrics.requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
+        return response

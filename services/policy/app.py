@@ -6,10 +6,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from services.common.errors import install_error_handlers
-from services.common.http import BodySizeLimit
+from services.common.http import install_request_middleware
 from services.policy.metrics import PolicyMetrics
 from services.policy.routes import agent, checkpoints, health
 from services.policy.service import PolicyService, build_engine
@@ -38,14 +38,7 @@ def build_app(settings: PolicySettings | None = None) -> FastAPI:
     app.state.service = None
     app.state.metrics = PolicyMetrics()
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        response = await call_next(request)
-        route = request.scope.get("route")
-        app.state.metrics.requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
-        return response
+    install_request_middleware(app, settings.max_body_bytes)
 
     for router in (agent.router, checkpoints.router, health.router):
         app.include_router(router)

@@ -7,10 +7,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from services.common.errors import install_error_handlers
-from services.common.http import BodySizeLimit
+from services.common.http import install_request_middleware
 from services.retriever.metrics import RetrieverMetrics
 from services.retriever.routes import checkpoints, documents, health, search
 from services.retriever.service import RetrieverService
@@ -39,14 +39,7 @@ def build_app(settings: RetrieverSettings | None = None) -> FastAPI:
     app.state.service = None
     app.state.metrics = RetrieverMetrics()
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        response = await call_next(request)
-        route = request.scope.get("route")
-        app.state.metrics.requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
-        return response
+    install_request_middleware(app, settings.max_body_bytes)
 
     for router in (search.router, documents.router, checkpoints.router, health.router):
         app.include_router(router)

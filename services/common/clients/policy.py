@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from services.common.checkpoints import Manifest
-from services.common.clients.retriever import _headers, _raise_for, _transient
+from services.common.clients.base import SyncServiceClient
 from services.common.schemas.checkpoints import ActivationResponse, CheckpointList
 from services.common.schemas.policy import (
     AgentQueryRequest,
@@ -20,24 +18,9 @@ from services.common.schemas.policy import (
 )
 
 
-class PolicyClient:
+class PolicyClient(SyncServiceClient):
     def __init__(self, base_url: str, admin_token: str | None = None, timeout: float = 900.0) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=_headers(admin_token))
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> PolicyClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @_transient
-    def _call(self, method: str, url: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, url, **kwargs)
-        _raise_for(response)
-        return response.json()
+        super().__init__(base_url, admin_token, timeout)
 
     def query(self, question: str, **params: Any) -> AgentQueryResponse:
         body = AgentQueryRequest(question=question, **params).model_dump()

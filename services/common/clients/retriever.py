@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from services.common.checkpoints import Manifest
+from services.common.clients.base import ServiceError, SyncServiceClient, _headers, _raise_for, _transient
 from services.common.schemas.checkpoints import ActivationResponse, CheckpointList
 from services.common.schemas.retriever import (
     Document,
@@ -17,55 +17,11 @@ from services.common.schemas.retriever import (
     UpsertDocumentsResponse,
 )
 
-# Only a connection that never reached the server is safe to retry blindly.
-_transient = retry(
-    retry=retry_if_exception_type((httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)),
-    wait=wait_random_exponential(multiplier=0.2, max=5),
-    stop=stop_after_attempt(5),
-    reraise=True,
-)
+# ServiceError is re-exported: callers catch it from here.
+__all__ = ["AsyncRetrieverClient", "RetrieverClient", "ServiceError"]
 
 
-class ServiceError(Exception):
-    def __init__(self, status_code: int, detail: str) -> None:
-        super().__init__(f"{status_code}: {detail}")
-        self.status_code = status_code
-        self.detail = detail
-
-
-def _raise_for(response: httpx.Response) -> None:
-    if response.is_success:
-        return
-    try:
-        detail = response.json().get("detail", response.text)
-    except ValueError:
-        detail = response.text
-    raise ServiceError(response.status_code, str(detail))
-
-
-def _headers(admin_token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-
-
-class RetrieverClient:
-    def __init__(self, base_url: str, admin_token: str | None = None, timeout: float = 60.0) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=_headers(admin_token))
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> RetrieverClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @_transient
-    def _call(self, method: str, url: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, url, **kwargs)
-        _raise_for(response)
-        return response.json()
-
+class RetrieverClient(SyncServiceClient):
     def search(self, queries: list[str], **params: Any) -> SearchResponse:
         body = SearchRequest(queries=queries, **params).model_dump()
         return SearchResponse.model_validate(self._call("POST", "/v1/search", json=body))

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from services.common.errors import NotReady
-from services.common.http import check_bearer
+from services.common.http import require_admin
 from services.policy.metrics import PolicyMetrics
 from services.policy.service import PolicyService
 
@@ -19,10 +19,6 @@ def get_service(request: Request) -> PolicyService:
 
 def get_metrics(request: Request) -> PolicyMetrics:
     return request.app.state.metrics
-
-
-def require_admin(request: Request) -> None:
-    check_bearer(request, request.app.state.admin_token)
 
 
 Service = Annotated[PolicyService, Depends(get_service)]
