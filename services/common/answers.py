@@ -56,3 +56,27 @@ def f1_score(prediction: str | None, golden_answers: Iterable[str]) -> float:
     if prediction is None:
         return 0.0
     return max((_f1_single(prediction, g) for g in golden_answers), default=0.0)
+
+
+_LETTER_RE = re.compile(r"^\(?([A-Za-z])\)?(?:[.):]\s*(.*))?$", re.DOTALL)
+
+
+def choice_match(prediction: str | None, letter: str, option: str) -> float:
+    """Multiple choice: right when the answer names the gold letter ("B", "(b)", "B. text") or is the gold
+    option's text. The letter is read before SQuAD normalisation, which would drop "A" as an article."""
+    if prediction is None:
+        return 0.0
+    text = prediction.strip()
+    named = _LETTER_RE.match(text)
+    if named:
+        return float(named.group(1).upper() == letter.upper())
+    return float(normalize_answer(text) == normalize_answer(option) != "")
+
+
+def cover_match(generated: str | None, golden_answers: Iterable[str]) -> float:
+    """FlashRAG's `acc`: some normalised gold answer occurs inside the normalised text, on word boundaries.
+    A lenient score for models that know the answer but do not close an <answer> tag."""
+    if not generated:
+        return 0.0
+    text = f" {normalize_answer(generated)} "
+    return float(any((gold := normalize_answer(g)) and f" {gold} " in text for g in golden_answers))

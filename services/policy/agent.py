@@ -68,13 +68,16 @@ class AgentRunner:
         run_id: str | None = None,
         retrieval_seed: int | None = None,
         initial_search: bool = False,
+        search_tool: bool = True,
+        mode: str = "agent",
     ) -> list[tuple[TrajectoryRecord, dict[str, float]]]:
         """`initial_search`: retrieve with the question before the first generation (a scaffold for small
-        models, which rarely emit <search> on their own); it is an observation, masked like the others."""
+        models, which rarely emit <search> on their own); it is an observation, masked like the others.
+        `search_tool=False` prompts without the search tool (the direct-answer baseline; use max_turns=0)."""
         tokenizer = self.engine.tokenizer
         states = []
         for task in tasks:
-            prompt = build_prompt(tokenizer, task.question)
+            prompt = build_prompt(tokenizer, task.question, search=search_tool)
             prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
             record = TrajectoryRecord(
                 id=uuid.uuid4().hex,
@@ -87,6 +90,7 @@ class AgentRunner:
                 prompt_ids=prompt_ids,
                 turns=[],
                 answer=None,
+                mode=mode,
                 policy_version=policy_version,
                 retriever_version=self.last_retriever_version,
                 sampling={

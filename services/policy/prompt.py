@@ -14,13 +14,20 @@ INSTRUCTION = (
     "needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
     "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
 )
+# The direct-answer baseline's instruction: the same answer format, no search tool to mention.
+DIRECT_INSTRUCTION = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first. Then provide the "
+    "answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing "
+    "</answer>. Question: {question}\n"
+)
 SEARCH_STOP = "</search>"
 ANSWER_STOP = "</answer>"
 _SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 
 
-def build_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
-    content = INSTRUCTION.format(question=question.strip())
+def build_prompt(tokenizer: PreTrainedTokenizerBase, question: str, search: bool = True) -> str:
+    """Search-R1's prompt; `search=False` gives the direct-answer baseline's, which offers no tool."""
+    content = (INSTRUCTION if search else DIRECT_INSTRUCTION).format(question=question.strip())
     if tokenizer.chat_template:
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False

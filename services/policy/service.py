@@ -27,6 +27,13 @@ from services.policy.backends.engine import Engine, EngineError
 from services.policy.settings import PolicySettings
 from services.policy.store import TrajectoryStore
 
+# How each AgentQueryRequest.mode runs the loop (the baselines answer in one final turn).
+_MODES: dict[str, dict[str, object]] = {
+    "agent": {"mode": "agent"},
+    "naive-rag": {"mode": "naive-rag", "initial_search": True},
+    "direct": {"mode": "direct", "initial_search": False, "search_tool": False},
+}
+
 
 def build_engine(settings: PolicySettings) -> Engine:
     if settings.engine == "transformers":
@@ -65,15 +72,10 @@ class PolicyService:
         await self.engine.stop()
 
     async def _run(self, tasks: list[AgentTask], **kwargs) -> list[tuple[TrajectoryRecord, dict[str, float]]]:
+        kwargs.setdefault("initial_search", self.settings.initial_search)
         async with self.adapters.lease() as version:
             try:
-                return await self.agent.run(
-                    tasks,
-                    adapter=version,
-                    policy_version=version,
-                    initial_search=self.settings.initial_search,
-                    **kwargs,
-                )
+                return await self.agent.run(tasks, adapter=version, policy_version=version, **kwargs)
             except EngineError as exc:
                 raise UpstreamUnavailable(f"LLM engine: {exc}") from exc
             except ServiceError as exc:
@@ -86,8 +88,9 @@ class PolicyService:
         [(record, timings)] = await self._run(
             [AgentTask(question=request.question)],
             temperature=0.0,
-            max_turns=request.max_turns,
+            max_turns=0 if request.mode != "agent" else request.max_turns,
             retrieval=RetrievalSpec(top_k=request.top_k, candidates=request.top_k),
+            **_MODES[request.mode],
         )
         await self.store.append([record])
         turns = [

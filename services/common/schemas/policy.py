@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -20,10 +20,19 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+AgentMode = Literal["agent", "naive-rag", "direct"]
+
+
 class AgentQueryRequest(Strict):
     question: Question
     max_turns: int = Field(4, ge=0, le=MAX_TURNS, description="Searches allowed before the final answer turn.")
     top_k: int = Field(3, ge=1, le=10)
+    mode: AgentMode = Field(
+        "agent",
+        description="agent: the Search-R1 loop; naive-rag: one retrieval with the question, then the answer "
+        "(max_turns ignored); direct: answer with no retrieval (max_turns ignored). The last two are the "
+        "evaluation baselines.",
+    )
 
 
 class SearchStepView(BaseModel):
@@ -147,6 +156,7 @@ class TrajectoryRecord(BaseModel):
     em: float | None = None
     f1: float | None = None
     sampling: dict[str, float | int | None] = Field(default_factory=dict)
+    mode: AgentMode = "agent"
     created_at: float
 
     @property

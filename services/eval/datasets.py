@@ -1,0 +1,77 @@
+"""The benchmarks `bridge-rl eval` knows, their groups, and how their question files are read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "general": ("nq", "triviaqa", "popqa"),
+    "multi-hop": ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle"),
+    "medical": ("pubmedqa", "medqa", "medmcqa", "bioasq"),
+}
+GROUP_OF = {dataset: group for group, members in GROUPS.items() for dataset in members}
+
+
+class EvalItem(BaseModel):
+    """One question in the FlashRAG / Search-R1 layout, with what scoring needs pulled out of `metadata`."""
+
+    id: str
+    dataset: str
+    question: str
+    golden_answers: list[str] = Field(min_length=1)
+    choice: tuple[str, str] | None = Field(None, description="Multiple choice: (gold letter, gold option text).")
+    supporting_doc_ids: list[str] = Field(default_factory=list)
+
+
+def question_file(qa_dir: Path, dataset: str) -> Path:
+    for name in (f"{dataset}.jsonl", f"{dataset}_questions.jsonl"):
+        if (qa_dir / name).exists():
+            return qa_dir / name
+    raise FileNotFoundError(f"no questions for dataset {dataset!r} in {qa_dir}")
+
+
+def available(qa_dir: Path) -> list[str]:
+    """Datasets with a question file in `qa_dir`, in group order, then any others by name."""
+    names = {p.name.removesuffix(".jsonl").removesuffix("_questions") for p in qa_dir.glob("*.jsonl")}
+    known = [d for members in GROUPS.values() for d in members if d in names]
+    return known + sorted(names - set(known))
+
+
+def resolve(qa_dir: Path, spec: str) -> list[str]:
+    """`all`, a group name, or comma-separated dataset names."""
+    if spec == "all":
+        return available(qa_dir)
+    if spec in GROUPS:
+        return [d for d in GROUPS[spec] if d in available(qa_dir)]
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    for name in names:
+        question_file(qa_dir, name)  # fail before any request when one is missing
+    return names
+
+
+def load_items(qa_dir: Path, dataset: str, limit: int | None) -> list[EvalItem]:
+    """The first `limit` questions of the file: a fixed split (the shipped files are already shuffled)."""
+    items = []
+    with question_file(qa_dir, dataset).open() as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            meta = row.get("metadata") or {}
+            options, letter = meta.get("options"), meta.get("answer_idx")
+            items.append(
+                EvalItem(
+                    id=str(row["id"]),
+                    dataset=row.get("dataset") or dataset,
+                    question=row["question"],
+                    golden_answers=[str(a) for a in row["golden_answers"]],
+                    choice=(letter, options[letter]) if options and letter in options else None,
+                    supporting_doc_ids=[str(d) for d in meta.get("supporting_doc_ids") or []],
+                )
+            )
+            if limit is not None and len(items) >= limit:
+                break
+    return items
