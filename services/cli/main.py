@@ -212,6 +212,97 @@ def train(
         raise typer.Exit(1)
 
 
+class EvalMode(StrEnum):
+    direct = "direct"
+    naive_rag = "naive-rag"
+    agent = "agent"
+
+
+@app.command("eval")
+def evaluate(
+    dataset: Annotated[
+        str, typer.Option(help="A dataset, comma-separated datasets, a group (general, multi-hop, medical) or all.")
+    ] = "all",
+    limit: Annotated[int, typer.Option(min=1, help="The first N questions of each dataset (a fixed split).")] = 100,
+    mode: Annotated[
+        list[EvalMode] | None,
+        typer.Option(help="Repeatable. direct: no retrieval; naive-rag: one search with the question; agent."),
+    ] = None,
+    policy: Annotated[str | None, typer.Option(help="Serve this policy version while evaluating.")] = None,
+    retriever: Annotated[str | None, typer.Option(help="Serve this retriever version while evaluating.")] = None,
+    url: Annotated[str, typer.Option(help="Policy service base URL.")] = "http://127.0.0.1:8000",
+    retriever_url: Annotated[str, typer.Option(help="Retriever base URL (for --retriever).")] = (
+        "http://127.0.0.1:8001"
+    ),
+    qa_dir: Annotated[
+        Path | None, typer.Option(help="Question files <dataset>.jsonl (default BRIDGE_TRAINER_QA_DIR).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default <BRIDGE_DATA_DIR>/eval/<time>).")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Questions in flight.")] = 16,
+    max_turns: Annotated[int, typer.Option(min=0, max=8, help="Agent: searches before the final answer.")] = 4,
+    top_k: Annotated[int, typer.Option(min=1, max=10, help="Documents per search (the k of recall@k).")] = 3,
+    api_key: Annotated[str | None, typer.Option(envvar="BRIDGE_API_KEY", help="Agent API key, if required.")] = None,
+) -> None:
+    """Run the agent and its baselines over the live services; write results.jsonl, summary.json/.md."""
+    import asyncio
+    import time
+
+    from services.common.clients.policy import PolicyClient
+    from services.common.clients.retriever import RetrieverClient
+    from services.common.settings import CommonSettings
+    from services.eval.datasets import load_items, resolve
+    from services.eval.pinning import pinned
+    from services.eval.report import write_report
+    from services.eval.runner import MODES
+    from services.eval.runner import evaluate as run_eval
+    from services.trainer.settings import TrainerSettings
+
+    settings = TrainerSettings()
+    qa = qa_dir or settings.qa_dir
+    try:
+        datasets = resolve(qa, dataset)
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
+    if not datasets:
+        raise typer.BadParameter(f"no question files for {dataset!r} in {qa}", param_hint="--dataset")
+    modes = [m.value for m in mode] if mode else list(MODES)
+    items = {d: load_items(qa, d, limit) for d in datasets}
+    work = [(item, m) for d in datasets for m in modes for item in items[d]]
+    out = out or settings.data_dir / "eval" / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"datasets": datasets, "modes": modes, "limit": limit, "max_turns": max_turns, "top_k": top_k,
+            "qa_dir": str(qa)}  # fmt: skip
+    typer.echo(f"{len(work)} questions ({', '.join(f'{d} {len(items[d])}' for d in datasets)}) x {modes} -> {out}")
+    token = CommonSettings().resolve_admin_token() if (policy or retriever) else None
+    results_file = (out / "results.jsonl").open("w")
+
+    def keep(result) -> None:
+        results_file.write(result.model_dump_json() + "\n")
+        results_file.flush()
+
+    with (
+        RetrieverClient(retriever_url, admin_token=token, timeout=600) as ret_client,
+        PolicyClient(url, admin_token=token) as pol_client,
+        pinned([(ret_client, retriever), (pol_client, policy)]),
+    ):
+        headers = {"X-API-Key": api_key} if api_key else None
+        results = asyncio.run(
+            run_eval(
+                url, work, concurrency=concurrency, max_turns=max_turns, top_k=top_k, headers=headers, on_result=keep
+            )  # fmt: skip
+        )
+    results_file.close()
+    rows = write_report(out, results, meta, top_k)
+    for r in rows:
+        recall = "–" if r.recall is None else f"{r.recall:.3f}"
+        typer.echo(f"{r.dataset:16} {r.mode:9} n={r.n:<4} em {r.em:.3f} f1 {r.f1:.3f} cover {r.cover:.3f} "
+                   f"recall@{top_k} {recall} "
+                   f"searches {r.searches:.2f} answered {r.answered:.2f} errors {r.errors}")  # fmt: skip
+    typer.echo(f"summary: {out / 'summary.md'}")
+    if any(r.errors for r in rows):
+        raise typer.Exit(1)
+
+
 def _stack(policy_port: int, retriever_port: int, engine: str):
     from services.cli.launcher import Stack
     from services.cli.prepare import prepare_all

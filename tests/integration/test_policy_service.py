@@ -270,3 +270,55 @@ def test_malformed_json_and_escaping_paths(policy):
     assert response.status_code == 422
     response = httpx.post(policy.url + "/v1/checkpoints", json={"path": "/etc"}, headers=admin(policy))
     assert response.status_code == 400 and "checkpoint root" in response.json()["detail"]
+
+
+def test_evaluation_baselines_direct_and_naive_rag(policy):
+    question = QUESTIONS[1]["question"]
+    direct = httpx.post(policy.url + "/v1/agent/query", json={"question": question, "mode": "direct"}, timeout=600)
+    assert direct.status_code == 200, direct.text
+    assert all(t["search"] is None for t in direct.json()["turns"])
+    record = fetch(policy, direct.json()["trajectory_id"])
+    assert record.mode == "direct" and "search engine" not in record.prompt and len(record.turns) == 1
+
+    body = {"question": question, "mode": "naive-rag", "max_turns": 4, "top_k": 2}
+    rag = httpx.post(policy.url + "/v1/agent/query", json=body, timeout=600)
+    assert rag.status_code == 200, rag.text
+    record = fetch(policy, rag.json()["trajectory_id"])
+    # One search with the question itself, then exactly one generation: the answer turn.
+    assert record.mode == "naive-rag" and [t.search.query for t in record.turns if t.search] == [question]
+    assert [len(t.generated_ids) > 0 for t in record.turns] == [False, True]
+    assert len(record.turns[0].search.chosen_ids) == 2
+
+
+def test_bridge_rl_eval_pins_a_version_and_writes_results(policy, tmp_path):
+    import subprocess
+    import sys
+
+    version = write_adapter(policy, policy.env["BRIDGE_POLICY_MODEL_DIR"], "lora-eval", seed=3)
+    registered = httpx.post(policy.url + "/v1/checkpoints", json={"path": version}, headers=admin(policy), timeout=120)
+    assert registered.status_code == 200, registered.text
+    before = httpx.get(policy.url + "/v1/checkpoints").json()["active"]
+    out = tmp_path / "eval"
+    run = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "eval", "--dataset", "hotpotqa", "--limit", "2",
+         "--mode", "direct", "--mode", "naive-rag", "--policy", version, "--url", policy.url,
+         "--qa-dir", str(REPO / "services/cli/demo"), "--out", str(out), "--max-turns", "1"],
+        env={**policy.env, "BRIDGE_DATA_DIR": str(tmp_path), "BRIDGE_ADMIN_TOKEN": policy.token},
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = [json.loads(line) for line in (out / "results.jsonl").open()]
+    assert sorted((r["mode"], r["id"]) for r in results) == sorted(
+        (m, q["id"]) for m in ("direct", "naive-rag") for q in QUESTIONS[:2]
+    )
+    assert {r["policy_version"] for r in results} == {version}
+    for r in results:
+        assert r["searches"] == (0 if r["mode"] == "direct" else 1)
+        # naive RAG's recall is over the question's supporting documents, which the demo corpus holds
+        assert (r["recall"] is None) == (r["mode"] == "direct")
+    summary = json.loads((out / "summary.json").read_text())
+    assert {(row["dataset"], row["mode"], row["n"]) for row in summary["rows"]} == {
+        ("hotpotqa", "direct", 2), ("hotpotqa", "naive-rag", 2)
+    }  # fmt: skip
+    assert "| hotpotqa | multi-hop | naive-rag | 2 |" in (out / "summary.md").read_text()
+    assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == before  # restored after the run

@@ -1,0 +1,38 @@
+"""The comparison script's split, table and plots (the training itself is the trainer's integration test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+from tests.conftest import REPO
+
+spec = importlib.util.spec_from_file_location("compare_algos", REPO / "experiments" / "compare_algos.py")
+compare = sys.modules.setdefault("compare_algos", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(compare)
+
+
+def test_split_holds_out_the_last_questions(tmp_path):
+    rows = [{"id": f"q{i}", "question": f"Q{i}?", "golden_answers": ["a"]} for i in range(10)]
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    train_dir, held = compare.split(qa, 3, tmp_path / "out")
+    train_ids = [json.loads(line)["id"] for line in (train_dir / "compare.jsonl").open()]
+    assert train_ids == [f"q{i}" for i in range(7)]
+    assert [item.id for item in held] == ["q7", "q8", "q9"]  # disjoint from training, same every run
+
+
+def test_table_and_plots(tmp_path):
+    row = {"recall/support": 0.5, "time/train_s": 10.0, "memory/peak_mb": 3000.0}
+    curves = {a: [{**row, "round": r, "reward/mean": 0.1 * r, "em/mean": 0.1 * r} for r in range(2)]
+              for a in ("bridge", "search-r1")}  # fmt: skip
+    held = {name: {"em": 0.25, "f1": 0.5, "cover": 0.5, "recall": None if name == "base" else 0.75, "answered": 1.0}
+            for name in ("base", "bridge", "search-r1")}  # fmt: skip
+    text = compare.table(held, curves)
+    assert "| bridge | 0.250 | 0.500 | 0.500 | 0.750 | 1.00 | 0.100 | 0.500 | 10 | 3000 |" in text
+    assert "| base | 0.250 | 0.500 | 0.500 | – | 1.00 | – | – | 0 | 0 |" in text
+    paths = compare.plot(tmp_path, curves, held)
+    assert {p.name for p in paths} == {"reward_per_round.png", "em_per_round.png", "recall_per_round.png",
+                                       "held_out.png"}  # fmt: skip
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
