@@ -112,7 +112,7 @@ def second_order_round(policy, retriever, batch, cfg, lam: float) -> None:
     grad_f_phi = [torch.zeros_like(p) if g is None else g for g, p in zip(grad_f_phi, phi, strict=True)]
     log_p = subset_logps(candidate_logps(retriever.query, retriever, batch), batch)
     deployed = log_p.detach()
-    q_theta = torch.stack([torch.softmax(answer_logprobs(policy, batch, i) / cfg.beta_q, -1)
+    q_theta = torch.stack([torch.softmax(answer_logprobs(policy, batch.q_samples[i]) / cfg.beta_q, -1)
                            for i in range(len(batch.q_samples))])  # graph through theta  # fmt: skip
     g = retriever_lower_loss(q_theta, log_p, deployed, cfg.mu)
     grad_g_phi = torch.autograd.grad(g, phi, create_graph=True)

@@ -119,12 +119,30 @@ def ask(
 def worker(
     concurrency: Annotated[int, typer.Option(min=1, max=64, help="Tasks at once (each trains on all cores).")] = 1,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve the runs' latest round metrics at /metrics on this port; 0: off "
+            "(default: BRIDGE_TRAINER_METRICS_PORT, else 9108).",
+        ),
+    ] = None,
 ) -> None:
     """Run a Celery trainer worker (broker: REDIS_URL). Scale out by starting more."""
-    from services.trainer.celery_app import make_celery
+    import os
 
+    from services.trainer.celery_app import make_celery
+    from services.trainer.metrics import serve_metrics
+    from services.trainer.settings import TrainerSettings
+
+    if metrics_port is not None:
+        os.environ["BRIDGE_TRAINER_METRICS_PORT"] = str(metrics_port)
+    settings = TrainerSettings()
+    serve_metrics(settings.runs_dir, settings.metrics_port, settings.metrics_host)  # from this, the main process
     pool = "solo" if concurrency == 1 else "prefork"
-    make_celery().worker_main(["worker", f"--loglevel={loglevel}", f"--concurrency={concurrency}", f"--pool={pool}"])
+    args = ["worker", f"--loglevel={loglevel}", f"--concurrency={concurrency}", f"--pool={pool}"]
+    make_celery(settings).worker_main(args)
 
 
 class AlgoName(StrEnum):
@@ -136,6 +154,11 @@ class AlgoName(StrEnum):
     bridge = "bridge"
 
 
+class PolicyRollouts(StrEnum):
+    reweighted = "reweighted"
+    fresh = "fresh"
+
+
 @app.command()
 def train(
     algo: Annotated[AlgoName, typer.Option(help="Update rule (all share one code path).")] = AlgoName.bridge,
@@ -145,7 +168,14 @@ def train(
     group_size: Annotated[int, typer.Option(min=2, max=16, help="Rollouts per question (G).")] = 2,
     seed: Annotated[int, typer.Option(help="The same seed gives the same run.")] = 0,
     max_turns: Annotated[int, typer.Option(min=0, max=8, help="Searches per rollout.")] = 2,
-    policy_rollouts: Annotated[str, typer.Option(help="reweighted (logged) or fresh.")] = "reweighted",
+    policy_rollouts: Annotated[
+        PolicyRollouts,
+        typer.Option(
+            help="How the policy step sees the adapted retriever: reweighted (logged rollouts, weighted by the "
+            "clipped retrieval ratio) or fresh (publish the retriever, collect again, step the policy on those; "
+            "bridge and alt-rp).",
+        ),
+    ] = PolicyRollouts.reweighted,
     source: Annotated[
         str,
         typer.Option(
@@ -185,7 +215,7 @@ def train(
             run_id=run_id, dataset=dataset, rounds=rounds, questions_per_round=questions_per_round,
             max_turns=max_turns,
             source=source, live_batch=live_batch, max_staleness=max_staleness,
-            algo=AlgoConfig(algo=algo.value, group_size=group_size, seed=seed, policy_rollouts=policy_rollouts),
+            algo=AlgoConfig(algo=algo.value, group_size=group_size, seed=seed, policy_rollouts=policy_rollouts.value),
         )  # fmt: skip
         state = start_run(settings, config)
     make_celery(settings).send_task("trainer.round.collect", args=[run_id, state.next_round])

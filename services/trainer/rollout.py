@@ -36,29 +36,38 @@ def round_items(config: RunConfig, qa_file: Path, round_index: int) -> list[dict
     return rng.sample(rows, min(config.questions_per_round, len(rows)))
 
 
-def rollout_tag(run_id: str, round_index: int) -> str:
-    return f"{run_id}/r{round_index}"
+def rollout_tag(run_id: str, round_index: int, collection: str = "") -> str:
+    """The tag a round's trajectories carry in the stream; `collection` tells a round's second one apart."""
+    return f"{run_id}/r{round_index}{'-' + collection if collection else ''}"
 
 
-def request_rollouts(client: PolicyClient, config: RunConfig, items: list[dict], round_index: int) -> list[str]:
+def request_rollouts(
+    client: PolicyClient, config: RunConfig, items: list[dict], round_index: int, collection: str = ""
+) -> list[str]:
+    # A second collection of the round draws its own samples, not a replay of the first one's seeds.
+    seed = config.algo.seed * 10_007 + round_index + (7_919 if collection else 0)
     request = RolloutRequest(
         items=[RolloutItem(id=str(i["id"]), question=i["question"], golden_answers=i["golden_answers"]) for i in items],
         group_size=config.algo.group_size,
         temperature=config.rollout_temperature,
-        seed=config.algo.seed * 10_007 + round_index,
+        seed=seed,
         max_turns=config.max_turns,
         top_k=config.top_k,
         candidates=config.candidates,
         retrieval_temperature=config.retrieval_temperature,
-        run_id=rollout_tag(config.run_id, round_index),
+        run_id=rollout_tag(config.run_id, round_index, collection),
     )
     return [t.trajectory_id for t in client.rollouts(request).trajectories]
 
 
 def take_from_stream(
-    r: redis.Redis, stream: str, run_id: str, tag: str, expected: set[str], timeout_s: float = 60
+    r: redis.Redis, stream: str, run_id: str, tag: str, expected: set[str] | None, timeout_s: float = 60
 ) -> list[tuple[str, TrajectoryRecord]]:
-    """Read (and re-claim) this run's entries until every expected trajectory is in hand."""
+    """Read (and re-claim) this run's entries until every expected trajectory is in hand.
+
+    `expected=None` recovers what an earlier attempt of `tag` left: every entry of the tag already in the
+    stream, pending or not yet read, without waiting. With a set, entries of `tag` outside it were superseded
+    by a later request and are acknowledged. Entries of the run's other tags stay pending for their round."""
     group, consumer = group_name(run_id), "worker"
     found: dict[str, tuple[str, TrajectoryRecord]] = {}
 
@@ -67,10 +76,10 @@ def take_from_stream(
             if not fields:  # trimmed from the stream while pending
                 continue
             record = TrajectoryRecord.model_validate_json(fields["data"])
-            if record.run_id == tag and record.id in expected:
+            if record.run_id == tag and (expected is None or record.id in expected):
                 found[record.id] = (entry_id, record)
-            elif record.run_id is None or not record.run_id.startswith(f"{run_id}/"):
-                r.xack(stream, group, entry_id)  # someone else's trajectory: nothing for this run to keep
+            elif record.run_id == tag or record.run_id is None or not record.run_id.startswith(f"{run_id}/"):
+                r.xack(stream, group, entry_id)  # superseded, or someone else's: nothing for this run to keep
 
     # Pending entries first: a previous attempt of this round read them and died before publishing.
     cursor = "0-0"
@@ -79,6 +88,11 @@ def take_from_stream(
         consider(claimed)
         if cursor in ("0-0", b"0-0"):
             break
+    if expected is None:
+        while response := r.xreadgroup(group, consumer, {stream: ">"}, count=500):
+            for _, entries in response:
+                consider(entries)
+        return list(found.values())
     deadline = time.monotonic() + timeout_s
     while set(found) != expected and time.monotonic() < deadline:
         response = r.xreadgroup(group, consumer, {stream: ">"}, count=500, block=1000)
@@ -88,6 +102,22 @@ def take_from_stream(
     if missing:
         raise RuntimeError(f"{len(missing)} trajectories of {tag} never reached the stream {stream}")
     return list(found.values())
+
+
+def complete_groups(
+    entries: list[tuple[str, TrajectoryRecord]], items: list[dict], group_size: int
+) -> tuple[list[tuple[str, TrajectoryRecord]], list[str]]:
+    """Split recovered entries into (a full set of groups, or [] when some rollout is missing; the entry ids
+    left over). One entry per (item, group index), the newest, so a re-sent request never doubles a group."""
+    newest: dict[tuple[str, int], tuple[str, TrajectoryRecord]] = {}
+    for entry_id, record in sorted(entries, key=lambda e: tuple(int(x) for x in e[0].split("-"))):
+        newest[(record.item_id or "", record.group_index or 0)] = (entry_id, record)
+    wanted = {(str(i["id"]), g) for i in items for g in range(group_size)}
+    if not wanted <= set(newest):
+        return [], [e for e, _ in entries]
+    kept = [newest[key] for key in sorted(wanted)]
+    kept_ids = {e for e, _ in kept}
+    return kept, [e for e, _ in entries if e not in kept_ids]
 
 
 def save_round_rollouts(path: Path, entries: list[tuple[str, TrajectoryRecord]]) -> None:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from services.common.checkpoints import write_json_atomic
 from services.trainer.algo.config import AlgoConfig
@@ -30,6 +30,12 @@ class RunConfig(BaseModel):
     candidates: int = Field(20, ge=2, le=200)
     top_k: int = Field(3, ge=1, le=10)
     algo: AlgoConfig
+
+    @model_validator(mode="after")
+    def _fresh_needs_questions(self) -> RunConfig:
+        if self.source == "live" and self.algo.policy_rollouts == "fresh":
+            raise ValueError("policy_rollouts='fresh' needs questions to ask again; live runs have only served ones")
+        return self
 
 
 class Published(BaseModel):

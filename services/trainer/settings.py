@@ -36,7 +36,10 @@ class TrainerSettings(CommonSettings):
     queue: str = Field(
         "bridge", description="Celery queue of this deployment's workers (isolates deployments that share a Redis)."
     )
-    metrics_port: int | None = Field(None, description="Serve worker metrics (prometheus) on this port.")
+    metrics_port: int = Field(
+        9108, ge=0, le=65535, description="Serve the runs' latest round metrics (prometheus /metrics) here; 0: off."
+    )
+    metrics_host: str = Field("127.0.0.1", description="Bind address of the metrics endpoint (0.0.0.0 in compose).")
 
     @property
     def runs_dir(self) -> Path:

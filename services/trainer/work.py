@@ -6,6 +6,7 @@ import json
 import logging
 import resource
 import time
+from pathlib import Path
 
 import numpy as np
 import redis
@@ -13,11 +14,14 @@ import redis
 from services.common.checkpoints import write_json_atomic
 from services.common.clients.policy import PolicyClient
 from services.common.clients.retriever import RetrieverClient
-from services.trainer.algo.batch import build_batch
-from services.trainer.algo.round import train_round
+from services.trainer import plan
+from services.trainer.algo.batch import RoundBatch, build_batch
+from services.trainer.algo.round import Coupling, train_policy_phase, train_retriever_phase, train_round
 from services.trainer.checkpoint import policy_version, retriever_version, write_policy, write_retriever
 from services.trainer.models import PolicyModel, RetrieverModel
+from services.trainer.plan import Phase
 from services.trainer.rollout import (
+    complete_groups,
     ensure_group,
     group_name,
     load_round_rollouts,
@@ -63,30 +67,45 @@ def round_dir(settings: TrainerSettings, run_id: str, round_index: int):
     return path
 
 
-def collect(settings: TrainerSettings, run_id: str, round_index: int) -> str:
-    """Trajectories for the round: "ready", "skip" (already published) or "wait" (live: not enough yet)."""
+def rollouts_file(collection: str) -> str:
+    return f"rollouts-{collection}.json" if collection else "rollouts.json"
+
+
+def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase = "round") -> str:
+    """Trajectories for the round: "ready", "skip" (already published) or "wait" (live: not enough yet).
+
+    The policy phase of a fresh round asks the same questions again, after its retriever went live."""
     state = RunState.load(settings.runs_dir, run_id)
     if state.next_round > round_index:
         return "skip"
-    out = round_dir(settings, run_id, round_index) / "rollouts.json"
+    folder = round_dir(settings, run_id, round_index)
+    name = plan.collection(phase)
+    out = folder / rollouts_file(name)
     if out.exists():
         return "ready"
     config = state.config
     if config.source == "live":
         return collect_live(settings, state, round_index, out)
-    items = round_items(config, settings.qa_file(config.dataset), round_index)
-    write_json_atomic(out.with_name("items.json"), items)
+    if name:
+        if not (folder / PUBLISHED_RETRIEVER).exists():
+            raise RuntimeError(f"round {round_index}: fresh rollouts before the round's retriever is published")
+        items = json.loads((folder / "items.json").read_text())
+    else:
+        items = round_items(config, settings.qa_file(config.dataset), round_index)
+        write_json_atomic(folder / "items.json", items)
     r = _redis(settings)
-    tag = rollout_tag(run_id, round_index)
-    # A retried round first re-claims what the last attempt left pending.
-    try:
-        entries = take_from_stream(r, settings.trajectory_stream, run_id, tag, expected=set(), timeout_s=0)
-    except RuntimeError:
-        entries = []
-    expected = {rec.id for _, rec in entries if rec.run_id == tag}
-    if len(expected) < len(items) * config.algo.group_size:
-        with PolicyClient(settings.policy_url, timeout=settings.task_time_limit_s) as client:
-            expected = set(request_rollouts(client, config, items, round_index))
+    tag = rollout_tag(run_id, round_index, name)
+    # A retried step first takes what the last attempt left in the stream, and asks again only if that is
+    # not a full set of groups (the superseded entries are acknowledged as the new ones are read).
+    recovered = take_from_stream(r, settings.trajectory_stream, run_id, tag, expected=None)
+    entries, leftover = complete_groups(recovered, items, config.algo.group_size)
+    if entries:
+        if leftover:
+            r.xack(settings.trajectory_stream, group_name(run_id), *leftover)
+    else:
+        write_json_atomic(folder / f"requested-{name or 'first'}.json", {"tag": tag, "requested_at": time.time()})
+        with PolicyClient(settings.policy_url, settings.resolve_admin_token(), settings.task_time_limit_s) as client:
+            expected = set(request_rollouts(client, config, items, round_index, name))
         entries = take_from_stream(r, settings.trajectory_stream, run_id, tag, expected)
     save_round_rollouts(out, entries)
     return "ready"
@@ -120,12 +139,17 @@ def _fetch_docs(settings: TrainerSettings, ids: set[str]) -> dict[str, tuple[str
     return docs
 
 
-def train(settings: TrainerSettings, run_id: str, round_index: int) -> bool:
+TRAINED = {"round": "trained.json", "retriever": "trained-retriever.json", "policy": "trained.json"}
+PUBLISHED_RETRIEVER = "published-retriever.json"
+
+
+def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase = "round") -> bool:
+    """The round's optimisation: the whole round ("round"), or a fresh round's retriever or policy half."""
     state = RunState.load(settings.runs_dir, run_id)
     if state.next_round > round_index:
         return False
     folder = round_dir(settings, run_id, round_index)
-    out = folder / "trained.json"
+    out = folder / TRAINED[phase]
     if out.exists():
         return True
     cfg = state.config.algo
@@ -134,34 +158,96 @@ def train(settings: TrainerSettings, run_id: str, round_index: int) -> bool:
     policy = PolicyModel(
         settings.base_policy_dir, state.policy_adapter and _path(state.policy_adapter), cfg.lora_rank, cfg.lora_alpha
     )
-    retriever = RetrieverModel(settings.base_retriever_dir, state.retriever_weights and _path(state.retriever_weights))
-    candidate_ids = {str(c["id"]) for r in records for t in r.turns if t.search for c in t.search.candidates}
-    live = state.config.source == "live"
-    baseline = (state.reward_baseline if state.reward_baseline is not None else 0.0) if live else None
-    batch = build_batch(records, cfg.model_copy(update={"seed": cfg.seed + round_index}), policy.tokenizer,
-                        _fetch_docs(settings, candidate_ids), baseline=baseline)  # fmt: skip
-    if live:
-        batch.sequence_weights = importance_weights(policy, records, cfg.weight_clip)
-    stats = train_round(policy, retriever, batch, cfg, state.lam)
-
+    batch = _batch(settings, state, round_index, records, policy)
+    items = json.loads((folder / "items.json").read_text())
     root = settings.checkpoint_root
     meta = {"algorithm": cfg.algo, "round": round_index}
-    result = {"stats": stats, "retriever": None, "policy": None}
-    if cfg.updates_retriever:
-        version = retriever_version(run_id, round_index)
-        write_retriever(root, retriever, version, state.retriever_version, metrics=_floats(stats), **meta)
-        result["retriever"] = version
-    if cfg.updates_policy:
+    live = state.config.source == "live"
+    result = {
+        "retriever": None, "policy": None, "rollout_metrics": rollout_metrics(records, items), "entry_ids": entry_ids,
+        "policy_rollouts": cfg.policy_rollouts,
+        "policy_step/rollouts": "live" if live else rollout_tag(run_id, round_index),
+        "policy_step/trajectories": [r.id for r in batch.records] if cfg.updates_policy else [],
+    }  # fmt: skip
+    train_s = 0.0
+    if phase == "policy":
+        first = json.loads((folder / TRAINED["retriever"]).read_text())
+        fresh_ids, fresh_records = load_round_rollouts(folder / rollouts_file("fresh"))
+        fresh = _batch(settings, state, round_index, fresh_records, policy, with_q=False)
+        coupling = load_coupling(first["coupling"], batch, state.lam)
+        stats = train_policy_phase(policy, fresh, cfg, state.lam, coupling, first["stats"])
+        train_s = first["time/train_s"]
+        result.update({
+            "retriever": first["retriever"], "entry_ids": entry_ids + fresh_ids,
+            "policy_step/rollouts": rollout_tag(run_id, round_index, "fresh"),
+            "policy_step/trajectories": [r.id for r in fresh.records],
+            "fresh_metrics": {**rollout_metrics(fresh_records, items),
+                              "on_adapted_retriever": share_on_version(fresh_records, first["retriever"])},
+        })  # fmt: skip
+    else:
+        retriever = RetrieverModel(
+            settings.base_retriever_dir, state.retriever_weights and _path(state.retriever_weights)
+        )
+        if live:
+            batch.sequence_weights = importance_weights(policy, batch.records, cfg.weight_clip)
+        if phase == "retriever":
+            stats, coupling = train_retriever_phase(policy, retriever, batch, cfg, state.lam)
+            result["coupling"] = dump_coupling(coupling)
+        else:
+            stats = train_round(policy, retriever, batch, cfg, state.lam)
+        if cfg.updates_retriever:
+            version = retriever_version(run_id, round_index)
+            write_retriever(root, retriever, version, state.retriever_version, metrics=_floats(stats), **meta)
+            result["retriever"] = version
+    if phase != "retriever" and cfg.updates_policy:
         version = policy_version(run_id, round_index)
         write_policy(root, policy, version, state.policy_version, metrics=_floats(stats), **meta)
         result["policy"] = version
-    items = json.loads((folder / "items.json").read_text())
-    result["rollout_metrics"] = rollout_metrics(records, items)
-    result["time/train_s"] = time.perf_counter() - started
+    result["stats"] = stats
+    result["time/train_s"] = train_s + time.perf_counter() - started
     result["memory/peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result["entry_ids"] = entry_ids
     write_json_atomic(out, result)
     return True
+
+
+def _batch(settings: TrainerSettings, state: RunState, round_index: int, records, policy: PolicyModel,
+           with_q: bool = True) -> RoundBatch:  # fmt: skip
+    cfg = state.config.algo
+    live = state.config.source == "live"
+    baseline = (state.reward_baseline if state.reward_baseline is not None else 0.0) if live else None
+    candidate_ids = {str(c["id"]) for r in records for t in r.turns if t.search for c in t.search.candidates}
+    docs = _fetch_docs(settings, candidate_ids) if with_q else {}
+    # The seed depends on (seed, round) only, so the policy half rebuilds the retriever half's Q samples.
+    return build_batch(records, cfg.model_copy(update={"seed": cfg.seed + round_index}), policy.tokenizer, docs,
+                       baseline=baseline, with_q=with_q)  # fmt: skip
+
+
+def dump_coupling(coupling: Coupling | None) -> dict | None:
+    """What the policy half needs from the retriever half: log p_phi and log p_z on the Q samples, keyed by
+    (search, candidates) so the rebuilt samples can be checked to be the same ones."""
+    if coupling is None:
+        return None
+    return {
+        "samples": [[q.search, q.candidates] for q in coupling.q_samples],
+        "log_p_phi": coupling.log_p_phi.tolist(),
+        "log_p_z": coupling.log_p_z.tolist(),
+    }
+
+
+def load_coupling(data: dict | None, batch: RoundBatch, lam: float) -> Coupling | None:
+    import torch
+
+    if data is None:
+        return None
+    if data["samples"] != [[q.search, q.candidates] for q in batch.q_samples]:
+        raise RuntimeError("the rebuilt Q samples differ from those the retriever half was fit on")
+    return Coupling(lam, batch.q_samples, torch.tensor(data["log_p_phi"]), torch.tensor(data["log_p_z"]))
+
+
+def share_on_version(records, version: str | None) -> float:
+    """Share of the search steps that the given retriever version served (1.0 when there were none)."""
+    steps = [t.search for r in records for t in r.turns if t.search]
+    return sum(s.retriever_version == version for s in steps) / len(steps) if steps else 1.0
 
 
 def importance_weights(policy: PolicyModel, records, clip: float):
@@ -210,20 +296,34 @@ def rollout_metrics(records, items: list[dict]) -> dict[str, float]:
     }
 
 
-def publish(settings: TrainerSettings, run_id: str, round_index: int) -> bool:
-    """Retriever first, then policy; then acknowledge the round's trajectories and advance the run."""
+def publish_retriever(settings: TrainerSettings, folder: Path, version: str) -> float:
+    """Register and activate the round's query tower, once per round; returns when it went live."""
+    marker = folder / PUBLISHED_RETRIEVER
+    if marker.exists() and (done := json.loads(marker.read_text()))["version"] == version:
+        return done["activated_at"]
+    with RetrieverClient(settings.retriever_url, admin_token=settings.resolve_admin_token(), timeout=600) as client:
+        client.register(version)
+        client.activate(version)
+    activated_at = time.time()
+    write_json_atomic(marker, {"version": version, "activated_at": activated_at})
+    return activated_at
+
+
+def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase = "round") -> bool:
+    """Retriever first, then policy; then acknowledge the round's trajectories (both collections of a fresh
+    round) and advance the run. A fresh round's retriever half only activates the retriever."""
     state = RunState.load(settings.runs_dir, run_id)
     if state.next_round > round_index:
-        return state.status == "running"
+        return phase != "retriever" and state.status == "running"
     folder = round_dir(settings, run_id, round_index)
-    trained = json.loads((folder / "trained.json").read_text())
+    if phase == "retriever":
+        publish_retriever(settings, folder, json.loads((folder / TRAINED["retriever"]).read_text())["retriever"])
+        return True
+    trained = json.loads((folder / TRAINED[phase]).read_text())
     token = settings.resolve_admin_token()
     activated_at = {}
     if trained["retriever"]:
-        with RetrieverClient(settings.retriever_url, admin_token=token, timeout=600) as client:
-            client.register(trained["retriever"])
-            client.activate(trained["retriever"])
-        activated_at["retriever"] = time.time()
+        activated_at["retriever"] = publish_retriever(settings, folder, trained["retriever"])
         state.retriever_version = trained["retriever"]
         state.retriever_weights = str(settings.checkpoint_root / trained["retriever"] / "query_encoder.safetensors")
     if trained["policy"]:
@@ -237,11 +337,16 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int) -> bool:
     if trained["entry_ids"]:
         r.xack(settings.trajectory_stream, group_name(run_id), *trained["entry_ids"])
     stats = trained["stats"]
+    fresh = {f"fresh/{k}": v for k, v in trained.get("fresh_metrics", {}).items()}
+    requested_at = {name: json.loads(path.read_text())["requested_at"]
+                    for name in ("first", "fresh") if (path := folder / f"requested-{name}.json").exists()}  # fmt: skip
     append_metrics(settings.runs_dir, run_id, {
-        "round": round_index, **trained["rollout_metrics"], **stats,
+        "round": round_index, **trained["rollout_metrics"], **stats, **fresh,
         "retriever_version": trained["retriever"], "policy_version": trained["policy"],
-        "activated_at": activated_at, "time/train_s": trained["time/train_s"],
-        "memory/peak_mb": trained["memory/peak_mb"],
+        "activated_at": activated_at, "requested_at": requested_at, "time/train_s": trained["time/train_s"],
+        "memory/peak_mb": trained["memory/peak_mb"], "policy_rollouts": trained["policy_rollouts"],
+        "policy_step/rollouts": trained["policy_step/rollouts"],
+        "policy_step/trajectories": len(trained["policy_step/trajectories"]),
     })  # fmt: skip
     state.published.append(
         Published(round=round_index, retriever_version=trained["retriever"], policy_version=trained["policy"])

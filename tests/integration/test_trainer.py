@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import REPO, policy_env, start_service, stop_service
+from tests.conftest import REPO, free_port, policy_env, start_service, stop_service
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +38,7 @@ def stack(tmp_path_factory, retriever_factory, policy_models_root):
         "BRIDGE_TRAINER_POLICY_URL": policy.url, "BRIDGE_TRAINER_RETRIEVER_URL": retriever.url,
         "BRIDGE_TRAINER_POLICY_BASE_DIR": str(policy_models_root / "SmolLM2-135M-Instruct"),
         "BRIDGE_TRAINER_RETRIEVER_BASE_DIR": str(policy_models_root / "all-MiniLM-L6-v2"),
+        "BRIDGE_TRAINER_METRICS_PORT": str(free_port()),
     }  # fmt: skip
     log = (tmp_path / "worker.log").open("w")
     worker = subprocess.Popen([sys.executable, "-m", "services.cli.main", "worker"], env=trainer_env, cwd=REPO,
@@ -100,3 +101,45 @@ def test_live_learning_from_feedback(stack):
     [row] = metrics(stack, "it-live")
     assert row["reward/mean"] == pytest.approx(0.5) and row["weights/mean"] > 0
     assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == "it-live-r0-policy"
+
+
+def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(stack):
+    import redis
+
+    retriever, policy, env = stack["retriever"], stack["policy"], stack["env"]
+    run_id = "it-fresh"
+    train(stack, "--algo", "bridge", "--policy-rollouts", "fresh", "--dataset", "hotpotqa", "--rounds", "1",
+          "--questions-per-round", "2", "--group-size", "2", "--seed", "3", "--max-turns", "1",
+          "--run-id", run_id)  # fmt: skip
+    new_retriever, new_policy = f"{run_id}-r0-retriever", f"{run_id}-r0-policy"
+    [row] = metrics(stack, run_id)
+    assert row["policy_rollouts"] == "fresh"
+    requested, activated = row["requested_at"], row["activated_at"]
+    assert requested["first"] < activated["retriever"] < requested["fresh"] < activated["policy"]
+    assert row["policy_step/rollouts"] == f"{run_id}/r0-fresh" and row["policy_step/trajectories"] == 4
+    assert row["fresh/on_adapted_retriever"] == 1.0 and "weights/mean" not in row
+    assert row["loss/bilevel_correction"] == row["loss/bilevel_correction"]  # present and not NaN
+    assert row["retriever_version"] == new_retriever and row["policy_version"] == new_policy
+
+    folder = stack["dir"] / f"trainer/runs/{run_id}/round-0000"
+    first = [r["record"] for r in json.loads((folder / "rollouts.json").read_text())]
+    fresh = [r["record"] for r in json.loads((folder / "rollouts-fresh.json").read_text())]
+    assert len(first) == len(fresh) == 4
+    for record in fresh:  # asked again after the swap: every search went through the adapted retriever
+        assert record["run_id"] == f"{run_id}/r0-fresh" and record["retriever_version"] == new_retriever
+        steps = [t["search"] for t in record["turns"] if t["search"]]
+        assert steps and all(s["retriever_version"] == new_retriever for s in steps)
+        assert record["created_at"] > activated["retriever"]
+    assert all(r["retriever_version"] != new_retriever for r in first)
+    trained = json.loads((folder / "trained.json").read_text())
+    assert sorted(trained["policy_step/trajectories"]) == sorted(r["id"] for r in fresh)  # the policy used them
+
+    assert httpx.get(retriever.url + "/v1/checkpoints").json()["active"] == new_retriever
+    assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == new_policy
+    r = redis.Redis.from_url(env["REDIS_URL"], decode_responses=True)
+    pending = r.xpending(env["BRIDGE_TRAINER_TRAJECTORY_STREAM"], f"trainer:{run_id}")
+    assert pending["pending"] == 0  # both collections acknowledged once the round was published
+
+    scraped = httpx.get(f"http://127.0.0.1:{env['BRIDGE_TRAINER_METRICS_PORT']}/metrics", timeout=10).text
+    assert f'bridge_trainer_rounds_published_total{{algo="bridge",run_id="{run_id}"}} 1.0' in scraped
+    assert f'bridge_trainer_lambda{{algo="bridge",run_id="{run_id}"}} 1.0' in scraped

@@ -62,8 +62,10 @@ def build_batch(
     tokenizer,
     docs: dict[str, tuple[str, str]],
     baseline: float | None = None,
+    with_q: bool = True,
 ) -> RoundBatch:
-    """`docs`: id -> (title, text) for every candidate id in the records.
+    """`docs`: id -> (title, text) for every candidate id in the records (with `with_q=False`, no Q_theta
+    samples are built, so none are needed).
 
     With `baseline` (live trajectories come alone, not in groups) advantages are r_i - baseline, a running
     mean kept by the run; otherwise GRPO's group normalisation."""
@@ -88,7 +90,7 @@ def build_batch(
                     behaviour_logprob=step.logprob,
                 )
             )
-    q_samples = build_q_samples(records, searches, cfg, tokenizer, docs) if cfg.needs_q else []
+    q_samples = build_q_samples(records, searches, cfg, tokenizer, docs) if cfg.needs_q and with_q else []
     return RoundBatch(
         records=records,
         rewards=rewards,

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Algo = Literal["search-r1", "retriever-only", "alt-rp", "alt-pr", "joint", "bridge"]
+FRESH_ALGOS = ("bridge", "alt-rp")
 
 
 class AlgoConfig(BaseModel):
@@ -16,7 +17,8 @@ class AlgoConfig(BaseModel):
     policy_rollouts: Literal["fresh", "reweighted"] = Field(
         "reweighted",
         description="How the policy step sees the adapted retriever: re-weight logged trajectories by the "
-        "clipped ratio prod_t P_phi(D_t)/P_phi_old(D_t), or collect fresh rollouts after publishing it.",
+        "clipped ratio prod_t P_phi(D_t)/P_phi_old(D_t), or publish it, collect fresh rollouts and step the "
+        "policy on those (bridge and alt-rp only: the algorithms whose retriever steps before the policy).",
     )
     group_size: int = Field(2, ge=2, le=16, description="G rollouts per question (GRPO needs >= 2).")
     # policy (upper level)
@@ -46,8 +48,11 @@ class AlgoConfig(BaseModel):
     def _checks(self) -> AlgoConfig:
         if self.lambda_init > self.lambda_max:
             raise ValueError("lambda_init must not exceed lambda_max")
-        if self.policy_rollouts == "fresh":
-            raise ValueError("policy_rollouts='fresh' is not implemented yet; use 'reweighted'")
+        if self.policy_rollouts == "fresh" and self.algo not in FRESH_ALGOS:
+            raise ValueError(
+                f"policy_rollouts='fresh' needs a retriever step before the policy step ({', '.join(FRESH_ALGOS)}); "
+                f"{self.algo!r} has none"
+            )
         return self
 
     @property

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from services.retriever.backends.encoder import SentenceEncoder
-from services.trainer.algo.batch import RoundBatch
+from services.trainer.algo.batch import QSample, RoundBatch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import (
     bilevel_correction,
@@ -88,9 +89,8 @@ def descend(params: list[torch.nn.Parameter], loss_fn: Callable[[], torch.Tensor
 
 
 # ----------------------------------------------------------------------------- policy side
-def answer_logprobs(policy: PolicyModel, batch: RoundBatch, q_index: int) -> torch.Tensor:
+def answer_logprobs(policy: PolicyModel, q: QSample) -> torch.Tensor:
     """log pi_theta(y* | x, d) for one Q sample's candidates; (M_q,), differentiable."""
-    q = batch.q_samples[q_index]
     return torch.stack([policy.answer_logprob(ctx, q.answer_ids) for ctx in q.context_ids])
 
 
@@ -99,9 +99,18 @@ def compute_q(policy: PolicyModel, batch: RoundBatch, cfg: AlgoConfig) -> torch.
     if not batch.q_samples:
         return torch.zeros(0, 0)
     with torch.no_grad():
-        return torch.stack(
-            [q_target(answer_logprobs(policy, batch, i), cfg.beta_q) for i in range(len(batch.q_samples))]
-        )
+        return torch.stack([q_target(answer_logprobs(policy, q), cfg.beta_q) for q in batch.q_samples])
+
+
+@dataclass
+class Coupling:
+    """What the policy step's bilevel correction needs from the retriever step: lambda, the Q subsample on
+    which z and phi were fit, and log p_phi, log p_z over it (constants for theta)."""
+
+    lam: float
+    q_samples: list[QSample]
+    log_p_phi: torch.Tensor  # (S_q, M_q)
+    log_p_z: torch.Tensor  # (S_q, M_q)
 
 
 def policy_step(
@@ -110,7 +119,7 @@ def policy_step(
     cfg: AlgoConfig,
     *,
     sequence_weights: torch.Tensor | None,
-    coupling: tuple[float, torch.Tensor, torch.Tensor] | None,
+    coupling: Coupling | None,
     optimizer: torch.optim.Optimizer,
 ) -> dict[str, float]:
     """One step on f's theta-part (+ lambda x the bilevel correction), one sequence at a time for memory."""
@@ -135,17 +144,18 @@ def policy_step(
         (loss / len(valid)).backward()
         for key in stats:
             stats[key] += st[key] / len(valid)
-    if coupling is not None and batch.q_samples:
-        lam, log_p_phi, log_p_z = coupling
+    if coupling is not None and coupling.q_samples:
+        lam, samples = coupling.lam, coupling.q_samples
         correction_total = 0.0
-        for k, q in enumerate(batch.q_samples):
+        for k, q in enumerate(samples):
             # Chain rule by hand: d(term)/d(answer log-probs) is cheap and exact; then each candidate's
             # sequence is back-propagated alone, so memory stays at one sequence, as for the GRPO term.
             with torch.no_grad():
-                answer_lp = answer_logprobs(policy, batch, k)  # (M_q,)
+                answer_lp = answer_logprobs(policy, q)  # (M_q,)
             answer_lp.requires_grad_(True)
             q_theta = q_target(answer_lp, cfg.beta_q)[None]  # (1, M_q)
-            term = lam * bilevel_correction(q_theta, log_p_phi[k : k + 1], log_p_z[k : k + 1]) / len(batch.q_samples)
+            term = lam * bilevel_correction(q_theta, coupling.log_p_phi[k : k + 1], coupling.log_p_z[k : k + 1])
+            term = term / len(samples)
             (d_term,) = torch.autograd.grad(term, answer_lp)
             for d, context in enumerate(q.context_ids):
                 policy.answer_logprob(context, q.answer_ids).backward(d_term[d])
@@ -173,22 +183,23 @@ def combine(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | No
 
 
 # ----------------------------------------------------------------------------- the round
-def train_round(
+def upper_phi_loss(
+    phi: SentenceEncoder, retriever: RetrieverModel, batch: RoundBatch, q_theta: torch.Tensor, cfg, lam: float
+) -> torch.Tensor:
+    """f_phi / lambda + g(phi; theta): the retriever's objective when it adapts to the policy."""
+    return retrieval_credit(phi, retriever, batch) / lam + lower_loss(phi, retriever, batch, q_theta, cfg)
+
+
+def retriever_phase(
     policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float
-) -> dict[str, float]:
-    torch.manual_seed(cfg.seed)
-    started = time.perf_counter()
-    stats: dict[str, float] = {"lambda": lam}
+) -> tuple[dict[str, float], Coupling | None]:
+    """Steps 1-2 (retriever FIRST): Q_theta, z on g (bridge), then phi on f_phi / lambda + g. Returns the stats
+    (with `time/q_s`) and, for bridge, what the policy step's correction needs."""
+    stats: dict[str, float] = {}
     phi = retriever.query
-    policy_optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr)
-
     q_started = time.perf_counter()
-    q_theta = compute_q(policy, batch, cfg) if cfg.needs_q else None
-    q_seconds = time.perf_counter() - q_started
-
-    def upper_phi() -> torch.Tensor:
-        return retrieval_credit(phi, retriever, batch) / lam + lower_loss(phi, retriever, batch, q_theta, cfg)
-
+    q_theta = compute_q(policy, batch, cfg)
+    stats["time/q_s"] = time.perf_counter() - q_started
     z = None
     if cfg.algo == "bridge":
         z = retriever.copy_query()
@@ -196,47 +207,113 @@ def train_round(
             list(z.parameters()), lambda: lower_loss(z, retriever, batch, q_theta, cfg),
             cfg.retriever_steps, cfg.retriever_lr,
         )  # fmt: skip
+    stats["loss/retriever"] = descend(
+        list(phi.parameters()), lambda: upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam),
+        cfg.retriever_steps, cfg.retriever_lr,
+    )  # fmt: skip
+    if z is None or not batch.q_samples:
+        return stats, None
+    with torch.no_grad():
+        log_p_phi = subset_logps(candidate_logps(phi, retriever, batch), batch)
+        log_p_z = subset_logps(candidate_logps(z, retriever, batch), batch)
+    return stats, Coupling(lam, batch.q_samples, log_p_phi, log_p_z)
+
+
+def policy_phase(
+    policy: PolicyModel, batch: RoundBatch, cfg: AlgoConfig, *, weights: torch.Tensor | None, coupling: Coupling | None
+) -> dict[str, float]:
+    """Step 3: `policy_steps` steps on theta over `batch`'s rollouts (+ the correction on `coupling`'s samples)."""
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr)
+    stats: dict[str, float] = {}
+    for _ in range(cfg.policy_steps):
+        stats.update(policy_step(policy, batch, cfg, sequence_weights=weights, coupling=coupling, optimizer=optimizer))
+    if weights is not None:
+        stats["weights/mean"] = float(weights.mean())
+    return stats
+
+
+def finish(stats: dict[str, float], cfg: AlgoConfig, lam: float, elapsed: float) -> dict[str, float]:
+    """Round-level stats: wall time, Q_theta's share of it, lambda and the next round's lambda."""
+    q_seconds = stats.pop("time/q_s", 0.0)
+    stats["time/round_s"] = elapsed
+    stats["time/q_share"] = q_seconds / elapsed if elapsed else 0.0
+    stats["lambda"] = lam
+    stats["lambda_next"] = min(lam + cfg.lambda_step, cfg.lambda_max) if cfg.algo == "bridge" else lam
+    return stats
+
+
+def train_round(
+    policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float
+) -> dict[str, float]:
+    """The whole round on one batch of logged rollouts (`policy_rollouts="reweighted"`)."""
+    torch.manual_seed(cfg.seed)
+    started = time.perf_counter()
+    stats: dict[str, float] = {}
+    phi = retriever.query
+
+    coupling = None
     if cfg.algo in ("bridge", "alt-rp", "retriever-only"):
-        stats["loss/retriever"] = descend(list(phi.parameters()), upper_phi, cfg.retriever_steps, cfg.retriever_lr)
+        phase_stats, coupling = retriever_phase(policy, retriever, batch, cfg, lam)
+        stats.update(phase_stats)
 
     if cfg.algo in ("bridge", "alt-rp", "search-r1"):
-        reweighted = cfg.updates_retriever and cfg.policy_rollouts == "reweighted"
+        reweighted = cfg.updates_retriever  # the policy step sees the adapted retriever through the ratio
         weights = combine(reweight(retriever, batch, cfg) if reweighted else None, batch.sequence_weights)
-        coupling = None
-        if cfg.algo == "bridge" and batch.q_samples:
-            with torch.no_grad():
-                log_p_phi = subset_logps(candidate_logps(phi, retriever, batch), batch)
-                log_p_z = subset_logps(candidate_logps(z, retriever, batch), batch)
-            coupling = (lam, log_p_phi, log_p_z)
-        for _ in range(cfg.policy_steps):
-            stats.update(policy_step(policy, batch, cfg, sequence_weights=weights, coupling=coupling,
-                                     optimizer=policy_optimizer))  # fmt: skip
-        if weights is not None:
-            stats["weights/mean"] = float(weights.mean())
+        stats.update(policy_phase(policy, batch, cfg, weights=weights, coupling=coupling))
 
     if cfg.algo == "alt-pr":
-        for _ in range(cfg.policy_steps):
-            stats.update(policy_step(policy, batch, cfg, sequence_weights=batch.sequence_weights, coupling=None,
-                                     optimizer=policy_optimizer))  # fmt: skip
+        stats.update(policy_phase(policy, batch, cfg, weights=batch.sequence_weights, coupling=None))
         q_started = time.perf_counter()
         q_theta = compute_q(policy, batch, cfg)  # the retriever adapts to the UPDATED policy
-        q_seconds += time.perf_counter() - q_started
-        stats["loss/retriever"] = descend(list(phi.parameters()), upper_phi, cfg.retriever_steps, cfg.retriever_lr)
+        stats["time/q_s"] = time.perf_counter() - q_started
+        stats["loss/retriever"] = descend(
+            list(phi.parameters()), lambda: upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam),
+            cfg.retriever_steps, cfg.retriever_lr,
+        )  # fmt: skip
 
     if cfg.algo == "joint":
+        q_started = time.perf_counter()
+        q_theta = compute_q(policy, batch, cfg)
+        stats["time/q_s"] = time.perf_counter() - q_started
         retriever_optimizer = torch.optim.Adam(list(phi.parameters()), lr=cfg.retriever_lr)
         retriever_optimizer.zero_grad()
-        retriever_loss = upper_phi()
+        retriever_loss = upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam)
         if retriever_loss.requires_grad:
             retriever_loss.backward()
         stats["loss/retriever"] = float(retriever_loss.detach())
         # theta steps on its own gradients, phi on its own: one simultaneous step on f + g
+        policy_optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr)
         stats.update(policy_step(policy, batch, cfg, sequence_weights=batch.sequence_weights, coupling=None,
                                  optimizer=policy_optimizer))  # fmt: skip
         retriever_optimizer.step()
 
-    elapsed = time.perf_counter() - started
-    stats["time/round_s"] = elapsed
-    stats["time/q_share"] = q_seconds / elapsed if elapsed else 0.0
-    stats["lambda_next"] = min(lam + cfg.lambda_step, cfg.lambda_max) if cfg.algo == "bridge" else lam
-    return stats
+    return finish(stats, cfg, lam, time.perf_counter() - started)
+
+
+# ----------------------------------------------------------------------------- fresh rollouts, in two phases
+def train_retriever_phase(
+    policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float
+) -> tuple[dict[str, float], Coupling | None]:
+    """`policy_rollouts="fresh"`, first half: the retriever steps on the round's rollouts; phi is then
+    published and rollouts collected again before `train_policy_phase`."""
+    torch.manual_seed(cfg.seed)
+    started = time.perf_counter()
+    stats, coupling = retriever_phase(policy, retriever, batch, cfg, lam)
+    stats["time/round_s"] = time.perf_counter() - started
+    return stats, coupling
+
+
+def train_policy_phase(
+    policy: PolicyModel,
+    fresh: RoundBatch,
+    cfg: AlgoConfig,
+    lam: float,
+    coupling: Coupling | None,
+    retriever_stats: dict[str, float],
+) -> dict[str, float]:
+    """Second half: GRPO on rollouts drawn through the adapted retriever (weights 1: they ARE on phi), the
+    correction on the first collection's Q samples where z and phi were fit. Returns the whole round's stats."""
+    torch.manual_seed(cfg.seed + 1)
+    started = time.perf_counter()
+    stats = {**retriever_stats, **policy_phase(policy, fresh, cfg, weights=None, coupling=coupling)}
+    return finish(stats, cfg, lam, stats.pop("time/round_s") + time.perf_counter() - started)

@@ -13,7 +13,7 @@ from services.policy.prompt import build_prompt, format_information
 from services.retriever.sampling import gumbel_top_k, plackett_luce_logprob
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
-from services.trainer.algo.round import train_round
+from services.trainer.algo.round import train_policy_phase, train_retriever_phase, train_round
 from services.trainer.models import PolicyModel, RetrieverModel
 
 pytestmark = pytest.mark.slow
@@ -93,3 +93,35 @@ def test_round_moves_the_right_parts(base_dirs, algo):
     assert moved(before_retriever, list(retriever.query.parameters())) == cfg.updates_retriever
     if algo == "bridge":
         assert "loss/bilevel_correction" in stats and stats["lambda_next"] == 1.5
+
+
+def test_fresh_round_in_two_halves(base_dirs):
+    """The retriever half moves only phi; the policy half steps theta on OTHER rollouts, unweighted, with the
+    bilevel correction on the first batch's Q samples (where z and phi were fit)."""
+    policy_dir, retriever_dir = base_dirs
+    torch.manual_seed(0)
+    policy = PolicyModel(policy_dir, None, rank=4, alpha=8)
+    retriever = RetrieverModel(retriever_dir, None)
+    cfg = AlgoConfig(algo="bridge", policy_rollouts="fresh", group_size=2, q_steps=2, q_candidates=3,
+                     retriever_steps=2, policy_lr=1e-3, retriever_lr=1e-4)  # fmt: skip
+    first = build_batch(make_records(policy, retriever), cfg, policy.tokenizer, DOCS)
+    before_policy, before_retriever = snapshot(policy.parameters()), snapshot(retriever.query.parameters())
+    retriever_stats, coupling = train_retriever_phase(policy, retriever, first, cfg, lam=2.0)
+    assert not moved(before_policy, policy.parameters())
+    assert moved(before_retriever, list(retriever.query.parameters()))
+    assert coupling is not None and coupling.q_samples is first.q_samples and coupling.lam == 2.0
+    assert coupling.log_p_phi.shape == coupling.log_p_z.shape == (2, 3)
+    assert not torch.allclose(coupling.log_p_phi, coupling.log_p_z)  # phi saw f, z did not
+
+    fresh_records = make_records(policy, retriever)
+    for r in fresh_records:
+        r.id = "fresh-" + r.id
+    fresh = build_batch(fresh_records, cfg, policy.tokenizer, {}, with_q=False)
+    assert fresh.q_samples == [] and fresh.sequence_weights is None
+    stats = train_policy_phase(policy, fresh, cfg, 2.0, coupling, retriever_stats)
+    assert moved(before_policy, policy.parameters())
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    assert "weights/mean" not in stats  # fresh rollouts are on the adapted retriever: no re-weighting
+    assert stats["loss/bilevel_correction"] != 0.0 and stats["loss/retriever"] == retriever_stats["loss/retriever"]
+    assert stats["lambda"] == 2.0 and stats["lambda_next"] == 2.5
+    assert stats["time/round_s"] >= retriever_stats["time/round_s"] and 0 < stats["time/q_share"] < 1

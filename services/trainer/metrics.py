@@ -1,0 +1,107 @@
+"""Worker metrics: the latest published round of every run, read from the run folders at scrape time.
+
+Celery's prefork children do the work, but only the main process serves /metrics, and several workers
+(or a restarted one) share the runs folder. So the source of truth is the folder itself (`state.json`
+and the last line of `metrics.jsonl`), read by a custom collector on each scrape: every worker reports
+the same numbers, nothing is lost when a worker restarts, and no multiprocess directory needs cleaning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+LABELS = ["run_id", "algo"]
+# (metric name, metrics.jsonl key, help, scale to base units)
+ROUND_GAUGES: list[tuple[str, str, str, float]] = [
+    ("bridge_trainer_round", "round", "Index of the run's latest published round", 1.0),
+    ("bridge_trainer_reward_mean", "reward/mean", "Mean reward of the round's rollouts", 1.0),
+    ("bridge_trainer_em_mean", "em/mean", "Exact match of the round's rollouts", 1.0),
+    ("bridge_trainer_f1_mean", "f1/mean", "Token F1 of the round's rollouts", 1.0),
+    ("bridge_trainer_recall_support", "recall/support", "Recall of supporting documents in what was shown", 1.0),
+    ("bridge_trainer_kl_mean", "kl/mean", "KL of the policy to the frozen base", 1.0),
+    ("bridge_trainer_lambda", "lambda", "Bilevel penalty weight lambda used by the round", 1.0),
+    ("bridge_trainer_train_seconds", "time/train_s", "Wall time of the round's training", 1.0),
+    ("bridge_trainer_q_share", "time/q_share", "Share of the round's time spent on Q_theta", 1.0),
+    ("bridge_trainer_peak_memory_bytes", "memory/peak_mb", "Peak resident memory of the training process", 2**20),
+    ("bridge_trainer_fresh_reward_mean", "fresh/reward/mean", "Mean reward of the fresh rollouts (fresh mode)", 1.0),
+]
+
+
+def last_line(path: Path, block: int = 4096) -> str | None:
+    """The last non-empty line of a text file, read from its end (metrics.jsonl grows for the whole run)."""
+    with path.open("rb") as fh:
+        end = fh.seek(0, 2)
+        data = b""
+        position = end
+        while position > 0:
+            position = max(0, position - block)
+            fh.seek(position)
+            data = fh.read(end - position)
+            lines = data.rstrip(b"\n").split(b"\n")
+            if len(lines) > 1 or position == 0:
+                return lines[-1].decode() if lines[-1] else None
+    return None
+
+
+class RunMetricsCollector(Collector):
+    def __init__(self, runs_dir: Path) -> None:
+        self.runs_dir = runs_dir
+
+    def runs(self) -> Iterator[tuple[dict, dict | None]]:
+        """(state, latest metrics row or None) per run; a run being written right now is skipped this once."""
+        for state_path in sorted(self.runs_dir.glob("*/state.json")):
+            try:
+                state = json.loads(state_path.read_text())
+                metrics_path = state_path.with_name("metrics.jsonl")
+                line = last_line(metrics_path) if metrics_path.exists() else None
+                yield state, json.loads(line) if line else None
+            except (OSError, ValueError) as exc:
+                log.debug("skipping %s: %r", state_path.parent, exc)
+
+    def collect(self) -> Iterator:
+        gauges = {key: (GaugeMetricFamily(name, doc, labels=LABELS), scale) for name, key, doc, scale in ROUND_GAUGES}
+        losses = GaugeMetricFamily("bridge_trainer_loss", "The round's losses by term", labels=[*LABELS, "term"])
+        rounds = CounterMetricFamily("bridge_trainer_rounds_published", "Rounds published", labels=LABELS)
+        status = GaugeMetricFamily("bridge_trainer_run_status", "1 for the run's status", labels=[*LABELS, "status"])
+        versions = InfoMetricFamily("bridge_trainer_versions", "Versions the latest round published", labels=LABELS)
+        for state, row in self.runs():
+            labels = [state["config"]["run_id"], state["config"]["algo"]["algo"]]
+            rounds.add_metric(labels, state.get("next_round", 0))
+            status.add_metric([*labels, state.get("status", "running")], 1)
+            if row is None:
+                continue
+            for key, (family, scale) in gauges.items():
+                if isinstance(row.get(key), int | float):
+                    family.add_metric(labels, float(row[key]) * scale)
+            for key, value in row.items():
+                if key.startswith("loss/") and isinstance(value, int | float) and math.isfinite(value):
+                    losses.add_metric([*labels, key.removeprefix("loss/")], float(value))
+            versions.add_metric(labels, {"retriever_version": str(row.get("retriever_version")),
+                                         "policy_version": str(row.get("policy_version"))})  # fmt: skip
+        yield from (family for family, _ in gauges.values())
+        yield from (losses, rounds, status, versions)
+
+
+def serve_metrics(runs_dir: Path, port: int, host: str = "127.0.0.1") -> bool:
+    """Serve /metrics from a daemon thread of this process; port 0 disables. A port already taken is logged
+    and skipped: metrics never keep a worker from training."""
+    if not port:
+        return False
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunMetricsCollector(runs_dir))
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        log.warning("worker metrics not served on %s:%d: %s", host, port, exc)
+        return False
+    log.info("worker metrics on http://%s:%d/metrics", host, port)
+    return True

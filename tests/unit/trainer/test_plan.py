@@ -1,0 +1,82 @@
+"""The round plan the Celery chain follows, the fresh-mode config rules, and recovering a collection."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.common.schemas.policy import TrajectoryRecord
+from services.trainer.algo.config import AlgoConfig
+from services.trainer.plan import first_phase, next_step, round_steps
+from services.trainer.rollout import complete_groups, rollout_tag
+from services.trainer.run_state import RunConfig
+
+
+def test_reweighted_round_is_collect_train_publish():
+    cfg = AlgoConfig(algo="bridge")
+    assert round_steps(cfg) == [("collect", "round"), ("train", "round"), ("publish", "round")]
+    assert next_step(cfg, 3, "train", "round") == (3, "publish", "round")
+    assert next_step(cfg, 3, "publish", "round") == (4, "collect", "round")
+
+
+def test_fresh_round_publishes_the_retriever_before_collecting_for_the_policy():
+    cfg = AlgoConfig(algo="bridge", policy_rollouts="fresh")
+    assert first_phase(cfg) == "retriever"
+    chain, step = [], (0, "collect", "retriever")
+    while step[0] == 0:
+        chain.append(step[1:])
+        step = next_step(cfg, *step)
+    assert chain == [
+        ("collect", "retriever"), ("train", "retriever"), ("publish", "retriever"),
+        ("collect", "policy"), ("train", "policy"), ("publish", "policy"),
+    ]  # fmt: skip
+    assert step == (1, "collect", "retriever")
+    with pytest.raises(ValueError):  # a reweighted step name is not part of a fresh plan
+        next_step(cfg, 0, "train", "round")
+
+
+@pytest.mark.parametrize("algo", ["search-r1", "retriever-only", "alt-pr", "joint"])
+def test_fresh_needs_a_retriever_step_before_the_policy_step(algo):
+    with pytest.raises(ValidationError, match="fresh"):
+        AlgoConfig(algo=algo, policy_rollouts="fresh")
+
+
+def test_fresh_is_accepted_for_bridge_and_alt_rp_but_not_live():
+    assert AlgoConfig(algo="alt-rp", policy_rollouts="fresh").policy_rollouts == "fresh"
+    fresh = AlgoConfig(algo="bridge", policy_rollouts="fresh")
+    RunConfig(run_id="r", dataset="hotpotqa", rounds=1, questions_per_round=2, algo=fresh)
+    with pytest.raises(ValidationError, match="live"):
+        RunConfig(run_id="r", dataset="hotpotqa", rounds=1, questions_per_round=2, source="live", algo=fresh)
+
+
+def record(trajectory_id: str, item: str, g: int) -> TrajectoryRecord:
+    return TrajectoryRecord(
+        id=trajectory_id, item_id=item, group_index=g, question="q?", golden_answers=["a"], prompt="p",
+        prompt_ids=[1], turns=[], answer=None, policy_version="base", retriever_version="base", reward=0.0,
+        created_at=0.0, run_id=rollout_tag("run", 0, "fresh"),
+    )  # fmt: skip
+
+
+ITEMS = [{"id": "q1"}, {"id": "q2"}]
+
+
+def test_complete_groups_keeps_the_newest_rollout_of_each_slot():
+    entries = [(f"{n}-0", record(f"t{n}", item, g)) for n, (item, g) in
+               enumerate([("q1", 0), ("q1", 1), ("q2", 0), ("q2", 1), ("q1", 0)], start=1)]  # fmt: skip
+    kept, leftover = complete_groups(entries, ITEMS, group_size=2)
+    assert sorted(rec.id for _, rec in kept) == ["t2", "t3", "t4", "t5"]  # t5 re-did (q1, 0)
+    assert leftover == ["1-0"]
+    # entry ids compare as stream ids, not strings ("10-0" is newer than "9-0")
+    kept, _ = complete_groups([("10-0", record("new", "q1", 0)), ("9-0", record("old", "q1", 0))], ITEMS[:1], 1)
+    assert [rec.id for _, rec in kept] == ["new"]
+
+
+def test_complete_groups_gives_nothing_for_a_partial_collection():
+    entries = [("1-0", record("t1", "q1", 0)), ("2-0", record("t2", "q1", 1)), ("3-0", record("t3", "q2", 0))]
+    kept, leftover = complete_groups(entries, ITEMS, group_size=2)
+    assert kept == [] and leftover == ["1-0", "2-0", "3-0"]
+
+
+def test_rollout_tags_of_a_round_differ_by_collection():
+    assert rollout_tag("run", 2) == "run/r2"
+    assert rollout_tag("run", 2, "fresh") == "run/r2-fresh"
