@@ -50,17 +50,27 @@ def sha256_file(path: Path) -> str:
 def resolve_under_root(root: Path, path: str | Path) -> Path:
     """`path` (absolute, or relative to `root`) resolved; refused when it leaves `root`."""
     root = root.resolve()
-    candidate = Path(path)
-    resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    try:
+        candidate = Path(path)
+        resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name too long for the file system: the caller's mistake
+        raise InvalidRequest(f"checkpoint path is not usable: {exc}", param="path") from exc
     if not resolved.is_relative_to(root):
         raise InvalidRequest(f"checkpoint path must be inside the checkpoint root {root}", param="path")
+    if any(part.startswith(".") for part in resolved.relative_to(root).parts):
+        # `.tmp-*` folders are checkpoints still being written (see `staging_dir`).
+        raise InvalidRequest("hidden or staging folders (a name starting with '.') cannot be checkpoints", param="path")
     return resolved
 
 
 def load_manifest(root: Path, path: str | Path) -> tuple[Path, Manifest]:
     """Validate a checkpoint folder completely (layout, file types, every sha256) before anything loads it."""
     folder = resolve_under_root(root, path)
-    if not folder.is_dir():
+    try:
+        is_dir = folder.is_dir()
+    except OSError as exc:  # ENAMETOOLONG and friends: is_dir only swallows "does not exist"
+        raise InvalidRequest(f"checkpoint path is not usable: {exc.strerror}", param="path") from exc
+    if not is_dir:
         raise NotFound(f"no checkpoint folder at {folder}", param="path")
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():

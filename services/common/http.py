@@ -1,8 +1,9 @@
-"""Pieces every FastAPI service uses: a body-size limit and bearer-token admin auth."""
+"""Pieces every FastAPI service uses: a body-size limit, bearer-token admin auth and optional API keys."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -75,6 +76,39 @@ def check_bearer(request: Request, expected: str) -> None:
 def require_admin(request: Request) -> None:
     """FastAPI dependency: the app keeps its token in `app.state.admin_token`."""
     check_bearer(request, request.app.state.admin_token)
+
+
+API_KEY_HEADER = "x-api-key"
+
+
+def _matches_any(supplied: str, keys: Sequence[str]) -> bool:
+    # Compare against every key, without stopping at the first match, so the time taken does not say which
+    # key (or how many) matched.
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(supplied.encode(), key.encode())
+    return found
+
+
+def check_api_key(request: Request, keys: Sequence[str], admin_token: str | None) -> None:
+    """`X-API-Key` must be one of `keys` (no check when `keys` is empty). The admin bearer token is accepted
+    too, so the trainer and operators need one secret only. 401 without credentials, 403 with wrong ones."""
+    if not keys:
+        return
+    supplied = request.headers.get(API_KEY_HEADER)
+    if supplied is not None:
+        if not _matches_any(supplied.strip(), keys):
+            raise Forbidden("API key is not valid", code="invalid_api_key")
+        return
+    if admin_token and request.headers.get("authorization"):
+        check_bearer(request, admin_token)
+        return
+    raise Unauthorized("this endpoint needs an API key: send 'X-API-Key: <key>'", code="missing_api_key")
+
+
+def require_api_key(request: Request) -> None:
+    """FastAPI dependency: keys in `app.state.api_keys` (empty: open), admin token in `app.state.admin_token`."""
+    check_api_key(request, getattr(request.app.state, "api_keys", ()), getattr(request.app.state, "admin_token", None))
 
 
 def install_request_middleware(app: FastAPI, max_body_bytes: int) -> None:

@@ -5,6 +5,8 @@ Each service subclasses `CommonSettings` with its own env prefix; nothing here i
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_DATA_DIR = Path.home() / ".bridge"
 RETRIEVER_MODEL_NAME = "all-MiniLM-L6-v2"
 POLICY_MODEL_NAME = "SmolLM2-135M-Instruct"
+log = logging.getLogger(__name__)
 
 
 class CommonSettings(BaseSettings):
@@ -76,7 +79,12 @@ class CommonSettings(BaseSettings):
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(secrets.token_urlsafe(32))
-            tmp.chmod(0o600)
+            # Created 0600 from the start: no moment in which another user could read it.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(32))
             tmp.replace(path)
+            log.warning("BRIDGE_ADMIN_TOKEN is unset: generated an admin token into %s (mode 600)", path)
+        else:
+            log.info("BRIDGE_ADMIN_TOKEN is unset: using the admin token stored in %s", path)
         return path.read_text().strip()

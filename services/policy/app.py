@@ -37,6 +37,10 @@ def build_app(settings: PolicySettings | None = None) -> FastAPI:
     app = FastAPI(title="BRIDGE policy", version="1", lifespan=lifespan)
     app.state.service = None
     app.state.metrics = PolicyMetrics()
+    # Set here, not in the lifespan, so no request can ever see the keys unset (and the endpoints open).
+    app.state.api_keys = settings.resolved_api_keys
+    if app.state.api_keys:
+        log.info("agent endpoints need an API key (%d configured)", len(app.state.api_keys))
     install_error_handlers(app)
     install_request_middleware(app, settings.max_body_bytes)
 

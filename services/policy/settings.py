@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -45,6 +46,27 @@ class PolicySettings(CommonSettings):
     stream_maxlen: int = Field(100_000, ge=100, description="Approximate cap on stream entries (XADD MAXLEN ~).")
     trajectory_ttl_s: int = Field(7 * 24 * 3600, ge=60)
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+    max_rollout_trajectories: int = Field(
+        256,
+        ge=1,
+        le=256,
+        description="Cap on items x group_size in one POST /v1/agent/rollouts (the wire schema allows 256): "
+        "bounds the work one request can ask of this deployment.",
+    )
+    api_keys: str = Field(
+        "",
+        description="Comma-separated keys; when any key is configured (here or in api_keys_file), the agent "
+        "endpoints need 'X-API-Key: <key>' (or the admin bearer token). Empty: open.",
+    )
+    api_keys_file: Path | None = Field(None, description="A file of API keys, one per line ('#' starts a comment).")
+
+    @property
+    def resolved_api_keys(self) -> tuple[str, ...]:
+        keys = [k.strip() for k in self.api_keys.split(",")]
+        if self.api_keys_file is not None:
+            lines = self.api_keys_file.read_text().splitlines()
+            keys += [line.split("#", 1)[0].strip() for line in lines]
+        return tuple(dict.fromkeys(k for k in keys if k))
 
     @property
     def resolved_model_dir(self) -> str:

@@ -34,15 +34,21 @@ def _raise_for(response: httpx.Response) -> None:
     raise ServiceError(response.status_code, str(detail))
 
 
-def _headers(admin_token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+def _headers(admin_token: str | None, api_key: str | None = None) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+    if api_key:
+        headers["X-API-Key"] = api_key
+    return headers
 
 
 class SyncServiceClient:
-    """An httpx client with the admin token, JSON calls that raise `ServiceError`, and `with` support."""
+    """An httpx client with the admin token and/or API key, JSON calls that raise `ServiceError`, and `with`
+    support."""
 
-    def __init__(self, base_url: str, admin_token: str | None = None, timeout: float = 60.0) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=_headers(admin_token))
+    def __init__(
+        self, base_url: str, admin_token: str | None = None, timeout: float = 60.0, api_key: str | None = None
+    ) -> None:
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=_headers(admin_token, api_key))
 
     def close(self) -> None:
         self._http.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from services.common.checkpoints import Manifest
@@ -17,10 +18,17 @@ from services.common.schemas.policy import (
     TrajectoryRecord,
 )
 
+API_KEY_ENV = "BRIDGE_API_KEY"
+
 
 class PolicyClient(SyncServiceClient):
-    def __init__(self, base_url: str, admin_token: str | None = None, timeout: float = 900.0) -> None:
-        super().__init__(base_url, admin_token, timeout)
+    """`api_key` defaults to `$BRIDGE_API_KEY` (as OpenAI's client reads OPENAI_API_KEY), so every caller, the CLI
+    included, works against a policy that has API keys on. The admin token is accepted there too."""
+
+    def __init__(
+        self, base_url: str, admin_token: str | None = None, timeout: float = 900.0, api_key: str | None = None
+    ) -> None:
+        super().__init__(base_url, admin_token, timeout, api_key or os.environ.get(API_KEY_ENV) or None)
 
     def query(self, question: str, **params: Any) -> AgentQueryResponse:
         body = AgentQueryRequest(question=question, **params).model_dump()

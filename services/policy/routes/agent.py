@@ -3,8 +3,10 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Depends, Path
 
+from services.common.errors import InvalidRequest
+from services.common.http import require_api_key
 from services.common.schemas.policy import (
     AgentQueryRequest,
     AgentQueryResponse,
@@ -16,8 +18,14 @@ from services.common.schemas.policy import (
 )
 from services.policy.routes.deps import Metrics, Service
 
-router = APIRouter()
+AUTH_ERRORS = {
+    401: {"description": "API keys are on and none was sent (`X-API-Key`)"},
+    403: {"description": "The API key (or admin token) is not valid"},
+}
+# Every route here serves or reveals trajectories: all of them sit behind the optional API key.
+router = APIRouter(dependencies=[Depends(require_api_key)], responses=AUTH_ERRORS)
 ERRORS = {
+    400: {"description": "Over this deployment's bounds (reason in `detail`)"},
     422: {"description": "Invalid body (reason in `detail`)"},
     502: {"description": "The LLM engine or the retriever failed"},
 }
@@ -34,6 +42,9 @@ async def agent_query(body: AgentQueryRequest, service: Service, metrics: Metric
 
 @router.post("/v1/agent/rollouts", response_model=RolloutResponse, responses=ERRORS)
 async def agent_rollouts(body: RolloutRequest, service: Service, metrics: Metrics) -> RolloutResponse:
+    cap = service.settings.max_rollout_trajectories
+    if len(body.items) * body.group_size > cap:
+        raise InvalidRequest(f"items x group_size must be at most {cap} on this deployment", param="group_size")
     response = await service.rollouts(body)
     metrics.trajectories.labels("rollout").inc(len(response.trajectories))
     for t in response.trajectories:

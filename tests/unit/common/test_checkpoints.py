@@ -60,3 +60,15 @@ def test_half_written_manifest_is_refused(tmp_path):
     manifest.write_text(json.dumps({"kind": "retriever-query", "version": "v1", "files": {}}))
     with pytest.raises(InvalidRequest, match="no files"):
         load_manifest(tmp_path, "v1")
+
+
+def test_staging_folders_and_unusable_paths_are_refused_with_400(tmp_path):
+    staging = staging_dir(tmp_path, "v9")
+    (staging / "weights.safetensors").write_bytes(b"abc")
+    (staging / "manifest.json").write_text("{}")
+    with pytest.raises(InvalidRequest, match="staging"):  # a checkpoint still being written
+        load_manifest(tmp_path, staging.name)
+    # Found by schemathesis: these were 500s (ENAMETOOLONG from the file system, a NUL byte from pathlib).
+    for path in ("0" * 4096, "a\x00b", "/".join(["x" * 255] * 20)):
+        with pytest.raises(InvalidRequest, match="not usable"):
+            load_manifest(tmp_path, path)
