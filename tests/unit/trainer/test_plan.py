@@ -80,3 +80,39 @@ def test_complete_groups_gives_nothing_for_a_partial_collection():
 def test_rollout_tags_of_a_round_differ_by_collection():
     assert rollout_tag("run", 2) == "run/r2"
     assert rollout_tag("run", 2, "fresh") == "run/r2-fresh"
+
+
+def test_a_retried_collection_recovers_its_entries_and_leaves_the_rounds_other_collection_pending():
+    """Real Redis: what a dead attempt left (pending or never read) is recovered; the first collection's
+    entries stay pending while the fresh one is taken; a superseded entry of the tag is acknowledged."""
+    import os
+    import uuid
+
+    import redis
+
+    from services.trainer.rollout import ensure_group, group_name, take_from_stream
+
+    r = redis.Redis.from_url(os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), decode_responses=True)
+    stream, run = f"test:trajectories:{uuid.uuid4().hex}", "run"
+    try:
+        ensure_group(r, stream, run)
+
+        def add(trajectory_id: str, tag: str, item: str, g: int) -> str:
+            rec = record(trajectory_id, item, g).model_copy(update={"run_id": tag})
+            return r.xadd(stream, {"data": rec.model_dump_json()})
+
+        first, fresh = rollout_tag(run, 0), rollout_tag(run, 0, "fresh")
+        add("a1", first, "q1", 0)
+        add("other", "another-run/r0", "q1", 0)
+        assert [rec.id for _, rec in take_from_stream(r, stream, run, first, expected={"a1"})] == ["a1"]
+        add("f1", fresh, "q1", 0)  # read by an attempt that died: pending
+        r.xreadgroup(group_name(run), "worker", {stream: ">"}, count=1)
+        add("f2", fresh, "q1", 1)  # written after it died: never read
+        recovered = take_from_stream(r, stream, run, fresh, expected=None)
+        assert sorted(rec.id for _, rec in recovered) == ["f1", "f2"]
+        pending = {e["message_id"] for e in r.xpending_range(stream, group_name(run), "-", "+", 10)}
+        assert len(pending) == 3  # a1, f1, f2: nothing acknowledged before the round is published
+        take_from_stream(r, stream, run, fresh, expected={"f2"}, timeout_s=0)  # f1 was superseded
+        assert r.xpending(stream, group_name(run))["pending"] == 2
+    finally:
+        r.delete(stream)
