@@ -60,6 +60,13 @@ class NotReady(BridgeError):
     type = "not_ready"
 
 
+class DependencyUnavailable(BridgeError):
+    """A store the service needs (Redis) is down: retry later; nothing was half-done on the caller's behalf."""
+
+    status_code = 503
+    type = "dependency_unavailable"
+
+
 class UpstreamUnavailable(BridgeError):
     status_code = 502
     type = "upstream_unavailable"

@@ -4,22 +4,47 @@ so a trajectory a client has seen is never lost to a crash of this process."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry  # the async one: redis.retry.Retry would not await, so never retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
-from services.common.errors import NotFound
+from services.common.errors import DependencyUnavailable, NotFound
 from services.common.schemas.policy import TrajectoryRecord
+
+P = ParamSpec("P")
+T = TypeVar("T")
+RETRIES = 8
+BACKOFF_CAP_S = 2.0
+
+
+def _unavailable_as_503(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Redis still down after the retries: a 503 with the reason, not a stray 500."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise DependencyUnavailable(
+                f"trajectory store (Redis) unavailable: {exc}", code="redis_unavailable"
+            ) from exc
+
+    return wrapper
 
 
 class TrajectoryStore:
     def __init__(self, url: str, stream: str, feedback_stream: str, maxlen: int, ttl_s: int) -> None:
         # Reconnect with backoff when Redis restarts, instead of failing the request on the first error.
-        retry = Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=8)
+        # About 11 s of retries in all (0.2, 0.4, ... capped at 2 s): a Redis restart inside that window is invisible
+        # to callers.
+        retry = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=0.1), retries=RETRIES)
         self.redis = aioredis.from_url(
             url,
             decode_responses=True,
@@ -37,9 +62,11 @@ class TrajectoryStore:
     def key(trajectory_id: str) -> str:
         return f"bridge:trajectory:{trajectory_id}"
 
+    @_unavailable_as_503
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
 
+    @_unavailable_as_503
     async def append(self, records: list[TrajectoryRecord]) -> list[str]:
         async with self.redis.pipeline(transaction=True) as pipe:
             for record in records:
@@ -49,12 +76,14 @@ class TrajectoryStore:
             results = await pipe.execute()
         return [r for r in results[1::2]]
 
+    @_unavailable_as_503
     async def get(self, trajectory_id: str) -> TrajectoryRecord:
         data = await self.redis.get(self.key(trajectory_id))
         if data is None:
             raise NotFound(f"no trajectory {trajectory_id!r} (unknown or expired)", param="trajectory_id")
         return TrajectoryRecord.model_validate_json(data)
 
+    @_unavailable_as_503
     async def set_reward(self, record: TrajectoryRecord) -> None:
         """Store the rewarded record and announce it on the feedback stream (live learning reads it)."""
         event = {"id": record.id, "reward": json.dumps(record.reward), "data": record.model_dump_json()}
