@@ -28,3 +28,14 @@ def test_production_refuses_a_missing_token(tmp_path):
 
     with pytest.raises(ValueError, match="BRIDGE_ADMIN_TOKEN"):
         CommonSettings(data_dir=tmp_path, environment="production").resolve_admin_token()
+
+
+def test_a_generated_admin_token_says_where_it_is(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="services.common.settings"):
+        CommonSettings(data_dir=tmp_path).resolve_admin_token()
+        CommonSettings(data_dir=tmp_path).resolve_admin_token()
+    generated, reused = (r.getMessage() for r in caplog.records)
+    assert "generated" in generated and str(tmp_path / "admin_token") in generated
+    assert "using the admin token stored in" in reused and str(tmp_path / "admin_token") in reused
