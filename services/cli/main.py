@@ -272,6 +272,9 @@ def evaluate(
     max_turns: Annotated[int, typer.Option(min=0, max=8, help="Agent: searches before the final answer.")] = 4,
     top_k: Annotated[int, typer.Option(min=1, max=10, help="Documents per search (the k of recall@k).")] = 3,
     api_key: Annotated[str | None, typer.Option(envvar="BRIDGE_API_KEY", help="Agent API key, if required.")] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Keep what <out>/results.jsonl already holds and ask only the rest (needs --out).")
+    ] = False,
 ) -> None:
     """Run the agent and its baselines over the live services; write results.jsonl, summary.json/.md."""
     import asyncio
@@ -282,7 +285,7 @@ def evaluate(
     from services.common.settings import CommonSettings
     from services.eval.datasets import load_items, resolve
     from services.eval.pinning import pinned
-    from services.eval.report import write_report
+    from services.eval.report import read_results, write_report
     from services.eval.runner import MODES
     from services.eval.runner import evaluate as run_eval
     from services.trainer.settings import TrainerSettings
@@ -298,13 +301,21 @@ def evaluate(
     modes = [m.value for m in mode] if mode else list(MODES)
     items = {d: load_items(qa, d, limit) for d in datasets}
     work = [(item, m) for d in datasets for m in modes for item in items[d]]
+    if resume and out is None:
+        raise typer.BadParameter("--resume needs the --out of the run to continue", param_hint="--resume")
     out = out or settings.data_dir / "eval" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
+    # Errored questions are asked again; answered ones are kept as they are.
+    done = [r for r in read_results(out / "results.jsonl") if r.error is None] if resume else []
+    finished = {(r.dataset, r.mode, r.id) for r in done}
+    work = [(item, m) for item, m in work if (item.dataset, m, item.id) not in finished]
     meta = {"datasets": datasets, "modes": modes, "limit": limit, "max_turns": max_turns, "top_k": top_k,
             "qa_dir": str(qa)}  # fmt: skip
-    typer.echo(f"{len(work)} questions ({', '.join(f'{d} {len(items[d])}' for d in datasets)}) x {modes} -> {out}")
+    sizes = ", ".join(f"{d} {len(items[d])}" for d in datasets)
+    typer.echo(f"{len(work)} to ask, {len(done)} already done ({sizes}) x {modes} -> {out}")
     token = CommonSettings().resolve_admin_token() if (policy or retriever) else None
-    results_file = (out / "results.jsonl").open("w")
+    results_file = (out / "results.jsonl").open("w")  # rewritten whole: a torn last line must not stay
+    results_file.writelines(r.model_dump_json() + "\n" for r in done)
 
     def keep(result) -> None:
         results_file.write(result.model_dump_json() + "\n")
@@ -322,7 +333,7 @@ def evaluate(
             )  # fmt: skip
         )
     results_file.close()
-    rows = write_report(out, results, meta, top_k)
+    rows = write_report(out, [*done, *results], meta, top_k)
     for r in rows:
         recall = "–" if r.recall is None else f"{r.recall:.3f}"
         typer.echo(f"{r.dataset:16} {r.mode:9} n={r.n:<4} em {r.em:.3f} f1 {r.f1:.3f} cover {r.cover:.3f} "

@@ -34,6 +34,19 @@ def markdown(rows: Sequence[Summary], groups: Sequence[dict], top_k: int) -> str
     return "\n".join(lines) + "\n"
 
 
+def read_results(path: Path) -> list[ItemResult]:
+    """What an earlier (possibly killed) run wrote; a torn last line is dropped and asked again."""
+    if not path.exists():
+        return []
+    results = []
+    for line in path.read_text().splitlines():
+        try:
+            results.append(ItemResult.model_validate_json(line))
+        except ValueError:
+            continue
+    return results
+
+
 def write_report(out_dir: Path, results: Sequence[ItemResult], meta: dict, top_k: int) -> list[Summary]:
     rows = summarize(results)
     groups = group_means(rows)

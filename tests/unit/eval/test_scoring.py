@@ -117,3 +117,13 @@ def test_cover_match_on_word_boundaries():
     mcq = EvalItem(id="2", dataset="medqa", question="q", golden_answers=["C", "Beta"], choice=("C", "Beta blocker"))
     assert cover_score("start a beta blocker now", mcq) == 1.0
     assert cover_score("C", mcq) == 0.0  # cover reads option text, not letters
+
+
+def test_read_results_drops_a_torn_last_line(tmp_path):
+    from services.eval.report import read_results
+
+    good = _result("nq", "agent", 1.0, 1.0, 1.0)
+    path = tmp_path / "results.jsonl"
+    path.write_text(good.model_dump_json() + "\n" + good.model_dump_json()[:40])
+    assert read_results(path) == [good]
+    assert read_results(tmp_path / "missing.jsonl") == []
