@@ -21,6 +21,12 @@ checkpoints_app = typer.Typer(
 app.add_typer(checkpoints_app, name="checkpoints")
 
 
+class AgentModeName(StrEnum):
+    direct = "direct"
+    naive_rag = "naive-rag"
+    agent = "agent"
+
+
 class ServiceName(StrEnum):
     retriever = "retriever"
     policy = "policy"
@@ -91,6 +97,9 @@ def ask(
     url: Annotated[str, typer.Option(help="Policy service base URL.")] = "http://127.0.0.1:8000",
     max_turns: Annotated[int, typer.Option(min=0, max=8, help="Searches allowed before the final answer.")] = 4,
     top_k: Annotated[int, typer.Option(min=1, max=10, help="Documents per search.")] = 3,
+    mode: Annotated[
+        AgentModeName, typer.Option(help="agent, naive-rag (one search, then the answer) or direct (no search).")
+    ] = AgentModeName.agent,
 ) -> None:
     """Ask the running agent a question; print its answer, searches and the documents it read."""
     from rich.console import Console
@@ -99,7 +108,7 @@ def ask(
 
     console = Console()
     with PolicyClient(url) as client:
-        response = client.query(question, max_turns=max_turns, top_k=top_k)
+        response = client.query(question, max_turns=max_turns, top_k=top_k, mode=mode.value)
     for i, turn in enumerate(response.turns):
         if turn.text.strip():
             console.print(f"[bold]turn {i}[/bold] {turn.text.strip()}", highlight=False)
@@ -242,12 +251,6 @@ def train(
         raise typer.Exit(1)
 
 
-class EvalMode(StrEnum):
-    direct = "direct"
-    naive_rag = "naive-rag"
-    agent = "agent"
-
-
 @app.command("eval")
 def evaluate(
     dataset: Annotated[
@@ -255,7 +258,7 @@ def evaluate(
     ] = "all",
     limit: Annotated[int, typer.Option(min=1, help="The first N questions of each dataset (a fixed split).")] = 100,
     mode: Annotated[
-        list[EvalMode] | None,
+        list[AgentModeName] | None,
         typer.Option(help="Repeatable. direct: no retrieval; naive-rag: one search with the question; agent."),
     ] = None,
     policy: Annotated[str | None, typer.Option(help="Serve this policy version while evaluating.")] = None,
