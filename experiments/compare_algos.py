@@ -44,8 +44,8 @@ class Budget:
 
 
 BUDGETS = {
-    # 6 algos x 3 rounds x 4 questions x G=2 with 64-token turns, 24 held-out questions: < 1 h on 2 CPU cores.
-    "small": Budget(rounds=3, questions_per_round=4, group_size=2, max_turns=1, eval_questions=24, max_new_tokens=64),
+    # 6 algos x 2 rounds x 4 questions x G=2 with 64-token turns, 20 held-out questions: < 1 h on 2 CPU cores.
+    "small": Budget(rounds=2, questions_per_round=4, group_size=2, max_turns=1, eval_questions=20, max_new_tokens=64),
     "gpu": Budget(rounds=20, questions_per_round=32, group_size=8, max_turns=4, eval_questions=200,
                   max_new_tokens=256),
 }  # fmt: skip
@@ -182,6 +182,7 @@ def main() -> None:
     )
     parser.add_argument("--policy-port", type=int, default=8200)
     parser.add_argument("--retriever-port", type=int, default=8201)
+    parser.add_argument("--vllm-port", type=int, default=8211, help="The policy's vLLM server (not a default stack's).")
     parser.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
     args = parser.parse_args()
     budget = BUDGETS[args.budget]
@@ -195,6 +196,7 @@ def main() -> None:
         "BRIDGE_DATA_DIR": str(data_dir),
         "BRIDGE_TRAINER_QA_DIR": str(train_dir),
         "BRIDGE_POLICY_MAX_NEW_TOKENS": str(budget.max_new_tokens),
+        "BRIDGE_POLICY_VLLM_PORT": str(args.vllm_port),
         # Its own queue: another deployment's worker on the same Redis never takes these rounds.
         "BRIDGE_TRAINER_QUEUE": f"bridge-compare-{os.getpid()}",
     })  # fmt: skip
@@ -223,18 +225,22 @@ def main() -> None:
             details[algo] = [r.model_dump() for r in results]
             print(f"{algo}: held EM {held[algo]['em']:.3f} F1 {held[algo]['f1']:.3f} cover {held[algo]['cover']:.3f} "
                   f"recall {held[algo]['recall']} ({run_id})", flush=True)  # fmt: skip
-            write_json_atomic(args.out / "results.json", {"budget": asdict(budget), "held": held, "curves": curves})
+            # After every algorithm, so an interrupted comparison still leaves its table and plots.
+            report(args, budget, held, curves, details, time.time() - started, len(eval_items))
         reset_to_base(stack)
-    elapsed = time.time() - started
+    print(report(args, budget, held, curves, details, time.time() - started, len(eval_items)))
+
+
+def report(args, budget: Budget, held: dict, curves: dict, details: dict, elapsed: float, n_eval: int) -> str:
     pngs = plot(args.out, curves, held)
-    header = (f"# compare_algos: budget {args.budget} {asdict(budget)}, seed {args.seed}, "
-              f"{len(eval_items)} held-out questions from {args.qa_file.name}, {elapsed / 60:.1f} min\n\n")  # fmt: skip
-    (args.out / "results.md").write_text(header + table(held, curves) + "\n" + "\n".join(
-        f"![{p.stem}]({p.name})" for p in pngs) + "\n")  # fmt: skip
+    text = (f"# compare_algos: budget {args.budget} {asdict(budget)}, seed {args.seed}, {n_eval} held-out "
+            f"questions from {args.qa_file.name}, {elapsed / 60:.1f} min\n\n" + table(held, curves) + "\n"
+            + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")  # fmt: skip
+    (args.out / "results.md").write_text(text)
     write_json_atomic(args.out / "results.json",
                       {"budget": asdict(budget), "seed": args.seed, "elapsed_s": elapsed, "held": held,
                        "curves": curves, "per_question": details})  # fmt: skip
-    print((args.out / "results.md").read_text())
+    return text
 
 
 if __name__ == "__main__":
