@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -40,12 +41,26 @@ def stack(tmp_path_factory, retriever_factory, policy_models_root):
         "BRIDGE_TRAINER_RETRIEVER_BASE_DIR": str(policy_models_root / "all-MiniLM-L6-v2"),
         "BRIDGE_TRAINER_METRICS_PORT": str(free_port()),
     }  # fmt: skip
-    log = (tmp_path / "worker.log").open("w")
-    worker = subprocess.Popen([sys.executable, "-m", "services.cli.main", "worker"], env=trainer_env, cwd=REPO,
-                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    yield {"retriever": retriever, "policy": policy, "env": trainer_env, "dir": tmp_path}
-    worker.terminate()
-    worker.wait(timeout=60)
+    workers: list[subprocess.Popen] = []
+
+    def start_worker() -> subprocess.Popen:
+        log = (tmp_path / "worker.log").open("a")  # every worker of the module appends to one log
+        worker = subprocess.Popen([sys.executable, "-m", "services.cli.main", "worker"], env=trainer_env, cwd=REPO,
+                                  stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        workers.append(worker)
+        return worker
+
+    start_worker()
+    yield {"retriever": retriever, "policy": policy, "env": trainer_env, "dir": tmp_path, "workers": workers,
+           "start_worker": start_worker}  # fmt: skip
+    for worker in workers:
+        if worker.poll() is None:
+            worker.terminate()  # a warm shutdown waits for the running task: give it a minute, then kill
+            try:
+                worker.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
     stop_service(policy)
 
 
@@ -143,3 +158,56 @@ def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(st
     scraped = httpx.get(f"http://127.0.0.1:{env['BRIDGE_TRAINER_METRICS_PORT']}/metrics", timeout=10).text
     assert f'bridge_trainer_rounds_published_total{{algo="bridge",run_id="{run_id}"}} 1.0' in scraped
     assert f'bridge_trainer_lambda{{algo="bridge",run_id="{run_id}"}} 1.0' in scraped
+
+
+def test_kill_9_worker_mid_train_then_resume_loses_and_repeats_nothing(stack):
+    """Issue #7: a worker killed (SIGKILL, no clean-up) while it trains; a new worker and `--resume` finish the run
+    from the last published checkpoints, and every trajectory is trained on exactly once and acknowledged."""
+    import redis
+
+    env, run_id, group_size, questions = stack["env"], "it-kill9", 2, 2
+    train(stack, "--algo", "bridge", "--dataset", "hotpotqa", "--rounds", "1", "--questions-per-round",
+          str(questions), "--group-size", str(group_size), "--seed", "5", "--max-turns", "1", "--run-id", run_id,
+          "--no-wait")  # fmt: skip
+    run_dir, round_dir = stack["dir"] / f"trainer/runs/{run_id}", stack["dir"] / f"trainer/runs/{run_id}/round-0000"
+    log_path = stack["dir"] / "worker.log"
+    trains_received = re.compile(r"trainer\.round\.train\[[^\]]+\] received")
+    trains_before = len(trains_received.findall(log_path.read_text()))
+    deadline = time.monotonic() + 1800
+    # The round's train task is in the worker's hands (its collect finished and handed it on).
+    while not ((round_dir / "rollouts.json").exists()
+               and len(trains_received.findall(log_path.read_text())) > trains_before):  # fmt: skip
+        assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+        assert json.loads((run_dir / "state.json").read_text())["status"] == "running"
+        time.sleep(0.5)
+    time.sleep(5)  # inside the task: it loads both models and trains for far longer than this
+    assert not (round_dir / "trained.json").exists(), "trained before the kill: nothing tested"
+    r = redis.Redis.from_url(env["REDIS_URL"], decode_responses=True)
+    group = f"trainer:{run_id}"
+    pending_at_kill = r.xpending(env["BRIDGE_TRAINER_TRAJECTORY_STREAM"], group)["pending"]
+    assert pending_at_kill == questions * group_size  # read by collect, held un-acked until publish
+    [worker] = [w for w in stack["workers"] if w.poll() is None]
+    worker.kill()  # SIGKILL: no ack, no clean-up, the task message stays unacknowledged in the broker
+    worker.wait()
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["next_round"] == 0 and state["status"] == "running"
+
+    stack["start_worker"]()
+    train(stack, "--run-id", run_id, "--resume", timeout=2400)
+
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["status"] == "done" and state["next_round"] == 1
+    assert [row["round"] for row in metrics(stack, run_id)] == [0]  # the round published once
+    for kind in ("retriever", "policy"):  # trained from the last published state (the base models)
+        manifest = json.loads((stack["dir"] / f"checkpoints/{run_id}-r0-{kind}/manifest.json").read_text())
+        assert manifest["parent"] in (None, "base")
+    # No trajectory lost or trained twice: the round trained on its own complete groups, each id once.
+    rows = json.loads((round_dir / "rollouts.json").read_text())
+    ids = [row["record"]["id"] for row in rows]
+    assert len(ids) == len(set(ids)) == questions * group_size
+    assert {row["record"]["run_id"] for row in rows} == {f"{run_id}/r0"}
+    trained = json.loads((round_dir / "trained.json").read_text())
+    assert sorted(trained["entry_ids"]) == sorted(row["entry_id"] for row in rows)
+    assert r.xpending(env["BRIDGE_TRAINER_TRAJECTORY_STREAM"], group)["pending"] == 0  # all acknowledged
+    assert httpx.get(stack["policy"].url + "/v1/checkpoints").json()["active"] == f"{run_id}-r0-policy"
+    assert httpx.get(stack["retriever"].url + "/v1/checkpoints").json()["active"] == f"{run_id}-r0-retriever"
