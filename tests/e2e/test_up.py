@@ -53,7 +53,8 @@ def test_up_serves_trains_and_stops_cleanly(tmp_path, policy_models_root):
     policy = f"http://127.0.0.1:{policy_port}"
     try:
         deadline = time.monotonic() + 1200
-        while "admin token in" not in (tmp_path / "up.log").read_text():
+        # The last lines `up` prints once everything is ready (a settings log line also says "admin token into").
+        while "(or BRIDGE_ADMIN_TOKEN)" not in (tmp_path / "up.log").read_text():
             assert up.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "bridge-rl up did not come up"
             time.sleep(1)
