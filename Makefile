@@ -15,9 +15,12 @@ demo: $(STAMP)
 	$(BIN)/bridge-rl demo
 
 test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not heavy"
+
+test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-.PHONY: install demo test lint
+.PHONY: install demo test test-all lint

@@ -160,6 +160,7 @@ def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(st
     assert f'bridge_trainer_lambda{{algo="bridge",run_id="{run_id}"}} 1.0' in scraped
 
 
+@pytest.mark.heavy
 def test_kill_9_worker_mid_train_then_resume_loses_and_repeats_nothing(stack):
     """Issue #7: a worker killed (SIGKILL, no clean-up) while it trains; a new worker and `--resume` finish the run
     from the last published checkpoints, and every trajectory is trained on exactly once and acknowledged."""
