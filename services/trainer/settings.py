@@ -6,6 +6,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import CommonSettings
+from services.eval.datasets import question_file
 
 DEMO_QA_DIR = Path(__file__).resolve().parents[1] / "cli" / "demo"
 
@@ -58,7 +59,7 @@ class TrainerSettings(CommonSettings):
         return self.retriever_base_dir or self.retriever_model_dir
 
     def qa_file(self, dataset: str) -> Path:
-        for name in (f"{dataset}.jsonl", f"{dataset}_questions.jsonl"):
-            if (self.qa_dir / name).exists():
-                return self.qa_dir / name
-        raise FileNotFoundError(f"no questions for dataset {dataset!r} in {self.qa_dir} (set BRIDGE_TRAINER_QA_DIR)")
+        try:
+            return question_file(self.qa_dir, dataset)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{exc} (set BRIDGE_TRAINER_QA_DIR)") from exc
