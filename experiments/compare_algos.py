@@ -86,9 +86,9 @@ def reset_to_base(stack) -> None:
 
 def train(stack, algo: str, budget: Budget, seed: int) -> tuple[str, list[dict]]:
     from services.trainer.algo.config import AlgoConfig
-    from services.trainer.celery_app import make_celery
-    from services.trainer.run_state import RunConfig, RunState, read_metrics
+    from services.trainer.run_state import RunConfig, read_metrics
     from services.trainer.settings import TrainerSettings
+    from services.trainer.submit import enqueue, follow
     from services.trainer.work import start_run
 
     settings = TrainerSettings(data_dir=stack.settings.data_dir, redis_url=stack.redis_url,
@@ -98,16 +98,11 @@ def train(stack, algo: str, budget: Budget, seed: int) -> tuple[str, list[dict]]
                        questions_per_round=budget.questions_per_round, max_turns=budget.max_turns,
                        algo=AlgoConfig(algo=algo, group_size=budget.group_size, seed=seed))  # fmt: skip
     start_run(settings, config)
-    make_celery(settings).send_task("trainer.round.collect", args=[run_id, 0])
+    enqueue(settings, run_id, 0)
     from tqdm import tqdm
 
     with tqdm(total=budget.rounds, desc=f"train {algo}", unit="round") as bar:
-        while True:
-            state = RunState.load(settings.runs_dir, run_id)
-            bar.update(state.next_round - bar.n)
-            if state.status != "running":
-                break
-            time.sleep(2)
+        state = follow(settings, run_id, lambda done: bar.update(done - bar.n), poll_s=2.0)
     if state.status == "failed":
         raise RuntimeError(f"{algo}: training failed: {state.error}")
     return run_id, read_metrics(settings.runs_dir, run_id)

@@ -42,9 +42,9 @@ def ask_all(stack: Stack, questions: list[dict]) -> list[dict]:
 
 def run_training(stack: Stack, rounds: int, console: Console) -> str:
     from services.trainer.algo.config import AlgoConfig
-    from services.trainer.celery_app import make_celery
-    from services.trainer.run_state import RunConfig, RunState
+    from services.trainer.run_state import RunConfig
     from services.trainer.settings import TrainerSettings
+    from services.trainer.submit import enqueue, follow
     from services.trainer.work import start_run
 
     settings = TrainerSettings(data_dir=stack.settings.data_dir, redis_url=stack.redis_url,
@@ -53,14 +53,9 @@ def run_training(stack: Stack, rounds: int, console: Console) -> str:
     config = RunConfig(run_id=run_id, dataset="hotpotqa", rounds=rounds, questions_per_round=4, max_turns=1,
                        algo=AlgoConfig(algo="bridge", group_size=2, seed=0))  # fmt: skip
     start_run(settings, config)
-    make_celery(settings).send_task("trainer.round.collect", args=[run_id, 0])
+    enqueue(settings, run_id, 0)
     with console.status(f"training {run_id}: {rounds} BRIDGE rounds on the Celery worker") as status:
-        while True:
-            state = RunState.load(settings.runs_dir, run_id)
-            status.update(f"training {run_id}: {state.next_round}/{rounds} rounds published")
-            if state.status != "running":
-                break
-            time.sleep(2)
+        state = follow(settings, run_id, lambda n: status.update(f"training {run_id}: {n}/{rounds} rounds published"))
     if state.status == "failed":
         raise RuntimeError(f"training failed: {state.error}")
     return run_id

@@ -200,15 +200,14 @@ def train(
     wait: Annotated[bool, typer.Option(help="Follow progress until the run ends.")] = True,
 ) -> None:
     """Start (or resume) a training run on the Celery workers; each round publishes retriever, then policy."""
-    import time
     import uuid
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from services.trainer.algo.config import AlgoConfig
-    from services.trainer.celery_app import make_celery
     from services.trainer.run_state import RunConfig, RunState, read_metrics
     from services.trainer.settings import TrainerSettings
+    from services.trainer.submit import enqueue, follow
     from services.trainer.work import start_run
 
     settings = TrainerSettings()
@@ -227,19 +226,14 @@ def train(
             algo=AlgoConfig(algo=algo.value, group_size=group_size, seed=seed, policy_rollouts=policy_rollouts.value),
         )  # fmt: skip
         state = start_run(settings, config)
-    make_celery(settings).send_task("trainer.round.collect", args=[run_id, state.next_round])
+    enqueue(settings, run_id, state.next_round)
     typer.echo(f"run {run_id}: {settings.runs_dir / run_id}")
     if not wait:
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
                   TimeElapsedColumn()) as progress:  # fmt: skip
         task = progress.add_task(f"training {run_id}", total=state.config.rounds, completed=state.next_round)
-        while True:
-            state = RunState.load(settings.runs_dir, run_id)
-            progress.update(task, completed=state.next_round)
-            if state.status != "running":
-                break
-            time.sleep(1)
+        state = follow(settings, run_id, lambda done: progress.update(task, completed=done))
     for row in read_metrics(settings.runs_dir, run_id):
         typer.echo(
             f"round {row['round']}: reward {row['reward/mean']:.3f} em {row['em/mean']:.3f} f1 {row['f1/mean']:.3f} "
