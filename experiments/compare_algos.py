@@ -102,7 +102,7 @@ def train(stack, algo: str, budget: Budget, seed: int) -> tuple[str, list[dict]]
     from tqdm import tqdm
 
     with tqdm(total=budget.rounds, desc=f"train {algo}", unit="round") as bar:
-        state = follow(settings, run_id, lambda done: bar.update(done - bar.n), poll_s=2.0)
+        state = follow(settings, run_id, lambda done: done > bar.n and bar.update(done - bar.n), poll_s=2.0)
     if state.status == "failed":
         raise RuntimeError(f"{algo}: training failed: {state.error}")
     return run_id, read_metrics(settings.runs_dir, run_id)
