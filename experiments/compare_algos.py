@@ -113,6 +113,7 @@ def plot(out: Path, curves: dict[str, list[dict]], held: dict[str, dict]) -> lis
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     paths = []
     for key, label, name in (("reward/mean", "rollout reward (EM)", "reward"), ("em/mean", "rollout EM", "em"),
@@ -121,6 +122,7 @@ def plot(out: Path, curves: dict[str, list[dict]], held: dict[str, dict]) -> lis
         for algo, rows in curves.items():
             ax.plot([r["round"] for r in rows], [r.get(key, float("nan")) for r in rows], marker="o", label=algo)
         ax.set(xlabel="round", ylabel=label, title=f"{label} per round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
         fig.tight_layout()
         paths.append(out / f"{name}_per_round.png")
@@ -143,19 +145,28 @@ def plot(out: Path, curves: dict[str, list[dict]], held: dict[str, dict]) -> lis
     return paths
 
 
+def retrieval_changes(base: list[dict], after: list[dict]) -> int:
+    """Held-out questions whose shown documents differ from the base system's: did the retriever move at all,
+    where recall@k alone cannot say (it stays put when one non-supporting passage replaces another)."""
+    before = {r["id"]: r["retrieved_ids"] for r in base}
+    return sum(r["retrieved_ids"] != before.get(r["id"]) for r in after)
+
+
 def table(held: dict[str, dict], curves: dict[str, list[dict]]) -> str:
     def f(value) -> str:
         return "–" if value is None else f"{value:.3f}"
 
-    lines = ["| algo | held EM | held F1 | held cover | held recall@3 | answered | last-round reward | "
-             "last-round recall | train s/round | peak MB |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| algo | held EM | held F1 | held cover | held recall@3 | top-3 changed | answered | "
+             "last-round reward | last-round recall | train s/round | peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for algo, row in held.items():
         rows = curves.get(algo, [])
         last = rows[-1] if rows else {}
         per_round = sum(r.get("time/train_s", 0.0) for r in rows) / max(len(rows), 1)
         lines.append(
             f"| {algo} | {f(row['em'])} | {f(row['f1'])} | {f(row['cover'])} | {f(row['recall'])} | "
-            f"{row['answered']:.2f} | {f(last.get('reward/mean'))} | {f(last.get('recall/support'))} | "
+            f"{row.get('retrieval_changed', '–')} | {row['answered']:.2f} | {f(last.get('reward/mean'))} | "
+            f"{f(last.get('recall/support'))} | "
             f"{per_round:.0f} | {last.get('memory/peak_mb', 0):.0f} |"
         )
     return "\n".join(lines) + "\n"
@@ -218,6 +229,7 @@ def main() -> None:
             held[algo], results = evaluate(stack, eval_items, budget)
             held[algo]["run_id"] = run_id
             details[algo] = [r.model_dump() for r in results]
+            held[algo]["retrieval_changed"] = retrieval_changes(details["base"], details[algo])
             print(f"{algo}: held EM {held[algo]['em']:.3f} F1 {held[algo]['f1']:.3f} cover {held[algo]['cover']:.3f} "
                   f"recall {held[algo]['recall']} ({run_id})", flush=True)  # fmt: skip
             # After every algorithm, so an interrupted comparison still leaves its table and plots.

@@ -23,15 +23,25 @@ def test_split_holds_out_the_last_questions(tmp_path):
     assert [item.id for item in held] == ["q7", "q8", "q9"]  # disjoint from training, same every run
 
 
+def test_retrieval_changes_counts_questions_whose_shown_documents_moved():
+    base = [{"id": "q1", "retrieved_ids": ["a", "b"]}, {"id": "q2", "retrieved_ids": ["c", "d"]},
+            {"id": "q3", "retrieved_ids": ["e", "f"]}]  # fmt: skip
+    after = [{"id": "q1", "retrieved_ids": ["a", "b"]}, {"id": "q2", "retrieved_ids": ["d", "c"]},
+             {"id": "q3", "retrieved_ids": ["e", "x"]}]  # fmt: skip
+    assert compare.retrieval_changes(base, after) == 2  # a new order is a change too: the prompt differs
+    assert compare.retrieval_changes(base, base) == 0
+
+
 def test_table_and_plots(tmp_path):
     row = {"recall/support": 0.5, "time/train_s": 10.0, "memory/peak_mb": 3000.0}
     curves = {a: [{**row, "round": r, "reward/mean": 0.1 * r, "em/mean": 0.1 * r} for r in range(2)]
               for a in ("bridge", "search-r1")}  # fmt: skip
     held = {name: {"em": 0.25, "f1": 0.5, "cover": 0.5, "recall": None if name == "base" else 0.75, "answered": 1.0}
             for name in ("base", "bridge", "search-r1")}  # fmt: skip
+    held["bridge"]["retrieval_changed"] = 3
     text = compare.table(held, curves)
-    assert "| bridge | 0.250 | 0.500 | 0.500 | 0.750 | 1.00 | 0.100 | 0.500 | 10 | 3000 |" in text
-    assert "| base | 0.250 | 0.500 | 0.500 | – | 1.00 | – | – | 0 | 0 |" in text
+    assert "| bridge | 0.250 | 0.500 | 0.500 | 0.750 | 3 | 1.00 | 0.100 | 0.500 | 10 | 3000 |" in text
+    assert "| base | 0.250 | 0.500 | 0.500 | – | – | 1.00 | – | – | 0 | 0 |" in text
     paths = compare.plot(tmp_path, curves, held)
     assert {p.name for p in paths} == {"reward_per_round.png", "em_per_round.png", "recall_per_round.png",
                                        "held_out.png"}  # fmt: skip
