@@ -19,7 +19,7 @@ import asyncio
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,6 +175,9 @@ def table(held: dict[str, dict], curves: dict[str, list[dict]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="small")
+    for field in fields(Budget):  # each part of a budget can be changed on its own
+        flag = "--" + field.name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=None, help=f"Override the budget's {field.name}.")
     parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--qa-file", type=Path, default=DEMO / "hotpotqa_questions.jsonl")
@@ -191,7 +194,8 @@ def main() -> None:
     parser.add_argument("--vllm-port", type=int, default=8211, help="The policy's vLLM server (not a default stack's).")
     parser.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
     args = parser.parse_args()
-    budget = BUDGETS[args.budget]
+    changes = {f.name: getattr(args, f.name) for f in fields(Budget) if getattr(args, f.name) is not None}
+    budget = replace(BUDGETS[args.budget], **changes)
     args.out.mkdir(parents=True, exist_ok=True)
     train_dir, eval_items = split(args.qa_file, budget.eval_questions, args.out)
 
