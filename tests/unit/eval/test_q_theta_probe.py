@@ -1,0 +1,32 @@
+"""The probe's per-step statistics, on a step worked out by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+spec = importlib.util.spec_from_file_location("q_theta_probe", REPO / "experiments" / "q_theta_probe.py")
+probe = sys.modules.setdefault("q_theta_probe", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(probe)
+
+
+def test_step_stats_by_hand():
+    p_phi = torch.tensor([0.7, 0.2, 0.1])
+    q_theta = torch.tensor([0.1, 0.3, 0.6])
+    gold = torch.tensor([True, False, True])
+    row = probe.step_stats(p_phi, q_theta, gold)
+    assert row["p_phi"] == pytest.approx(0.8) and row["q_theta"] == pytest.approx(0.7)
+    assert row["uniform"] == pytest.approx(2 / 3)
+    assert row["top1_phi"] is True and row["top1_q"] is True
+    other = probe.step_stats(p_phi, torch.tensor([0.2, 0.5, 0.3]), torch.tensor([True, False, False]))
+    assert other["q_theta"] == pytest.approx(0.2) and other["top1_q"] is False
+    summary = probe.summarize_steps([row, other])
+    assert summary["steps_with_support"] == 2
+    assert summary["mass_on_support/p_phi"] == pytest.approx((0.8 + 0.7) / 2)
+    assert summary["mass_on_support/q_theta"] == pytest.approx((0.7 + 0.2) / 2)
+    assert summary["top1_supporting/q_theta"] == 0.5 and summary["q_theta_above_p_phi"] == 0.0
