@@ -84,7 +84,7 @@ def reset_to_base(stack) -> None:
         activate_and_wait(policy, "base")
 
 
-def train(stack, algo: str, budget: Budget, seed: int) -> tuple[str, list[dict]]:
+def train(stack, algo: str, budget: Budget, seed: int, q_prior: bool = False) -> tuple[str, list[dict]]:
     from services.trainer.algo.config import AlgoConfig
     from services.trainer.run_state import RunConfig, read_metrics
     from services.trainer.settings import TrainerSettings
@@ -96,7 +96,8 @@ def train(stack, algo: str, budget: Budget, seed: int) -> tuple[str, list[dict]]
     run_id = f"cmp-{algo}-s{seed}-{int(time.time())}"
     config = RunConfig(run_id=run_id, dataset="compare", rounds=budget.rounds,
                        questions_per_round=budget.questions_per_round, max_turns=budget.max_turns,
-                       algo=AlgoConfig(algo=algo, group_size=budget.group_size, seed=seed))  # fmt: skip
+                       algo=AlgoConfig(algo=algo, group_size=budget.group_size, seed=seed,
+                                       q_prior=q_prior))  # fmt: skip
     start_run(settings, config)
     enqueue(settings, run_id, 0)
     from tqdm import tqdm
@@ -193,6 +194,7 @@ def main() -> None:
     parser.add_argument("--retriever-port", type=int, default=8201)
     parser.add_argument("--vllm-port", type=int, default=8211, help="The policy's vLLM server (not a default stack's).")
     parser.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
+    parser.add_argument("--q-prior", action="store_true", help="Q_theta as the posterior (AlgoConfig.q_prior).")
     args = parser.parse_args()
     changes = {f.name: getattr(args, f.name) for f in fields(Budget) if getattr(args, f.name) is not None}
     budget = replace(BUDGETS[args.budget], **changes)
@@ -229,7 +231,7 @@ def main() -> None:
         details["base"] = [r.model_dump() for r in results]
         for algo in args.algos:
             reset_to_base(stack)
-            run_id, curves[algo] = train(stack, algo, budget, args.seed)
+            run_id, curves[algo] = train(stack, algo, budget, args.seed, args.q_prior)
             held[algo], results = evaluate(stack, eval_items, budget)
             held[algo]["run_id"] = run_id
             details[algo] = [r.model_dump() for r in results]

@@ -31,13 +31,19 @@ def load_docs(corpus: Path, wanted: set[str]) -> dict[str, tuple[str, str]]:
 
 
 def step_stats(p_phi, q_theta, is_gold) -> dict[str, float | bool]:
-    """One search step: mass on the supporting candidates under p_phi, Q_theta and a uniform choice, and
-    whether each one's favourite candidate is a supporting one. Tensors over the same candidates."""
+    """One search step: mass on the supporting candidates under p_phi, Q_theta, the posterior
+    p_phi(d) Q_theta(d) / Z (the retriever's belief re-weighted by the policy's, as in EM-style retriever
+    training) and a uniform choice, and whether each favourite candidate is a supporting one. Tensors over
+    the same candidates."""
+    import torch
+
     is_gold = is_gold.float()
+    posterior = torch.softmax(p_phi.log() + q_theta.log(), dim=-1)
     return {
         "p_phi": float((p_phi * is_gold).sum()), "q_theta": float((q_theta * is_gold).sum()),
-        "uniform": float(is_gold.mean()),
+        "posterior": float((posterior * is_gold).sum()), "uniform": float(is_gold.mean()),
         "top1_phi": bool(is_gold[int(p_phi.argmax())]), "top1_q": bool(is_gold[int(q_theta.argmax())]),
+        "top1_posterior": bool(is_gold[int(posterior.argmax())]),
     }  # fmt: skip
 
 
@@ -45,9 +51,10 @@ def summarize_steps(rows: list[dict]) -> dict[str, float]:
     n = len(rows)
     return {
         "steps_with_support": n,
-        **{f"mass_on_support/{k}": sum(r[k] for r in rows) / n for k in ("p_phi", "q_theta", "uniform")},
+        **{f"mass_on_support/{k}": sum(r[k] for r in rows) / n for k in ("p_phi", "q_theta", "posterior", "uniform")},
         "top1_supporting/p_phi": sum(r["top1_phi"] for r in rows) / n,
         "top1_supporting/q_theta": sum(r["top1_q"] for r in rows) / n,
+        "top1_supporting/posterior": sum(r["top1_posterior"] for r in rows) / n,
         "q_theta_above_p_phi": sum(r["q_theta"] > r["p_phi"] for r in rows) / n,
     }  # fmt: skip
 

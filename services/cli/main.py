@@ -177,6 +177,9 @@ def train(
     group_size: Annotated[int, typer.Option(min=2, max=16, help="Rollouts per question (G).")] = 2,
     seed: Annotated[int, typer.Option(help="The same seed gives the same run.")] = 0,
     max_turns: Annotated[int, typer.Option(min=0, max=8, help="Searches per rollout.")] = 2,
+    q_prior: Annotated[
+        bool, typer.Option(help="Q_theta as the posterior p_deployed(d) pi(y*|x,d)^(1/beta_Q): re-weight, not replace.")
+    ] = False,
     policy_rollouts: Annotated[
         PolicyRollouts,
         typer.Option(
@@ -223,7 +226,8 @@ def train(
             run_id=run_id, dataset=dataset, rounds=rounds, questions_per_round=questions_per_round,
             max_turns=max_turns,
             source=source, live_batch=live_batch, max_staleness=max_staleness,
-            algo=AlgoConfig(algo=algo.value, group_size=group_size, seed=seed, policy_rollouts=policy_rollouts.value),
+            algo=AlgoConfig(algo=algo.value, group_size=group_size, seed=seed, policy_rollouts=policy_rollouts.value,
+                            q_prior=q_prior),
         )  # fmt: skip
         state = start_run(settings, config)
     enqueue(settings, run_id, state.next_round)

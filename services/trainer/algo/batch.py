@@ -33,6 +33,7 @@ class QSample:
     candidates: list[int]  # indices into that step's candidates
     context_ids: list[list[int]]  # one x + d per candidate
     answer_ids: list[int]  # y*
+    log_prior: torch.Tensor | None = None  # log p_deployed over `candidates`, for the posterior target
 
 
 @dataclass
@@ -122,5 +123,6 @@ def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list
             context = f"{prompt}<search> {search.query} </search>{observation}<answer> "
             contexts.append(tokenizer(context, add_special_tokens=False)["input_ids"])
         answer_ids = tokenizer(f"{record.golden_answers[0]} </answer>", add_special_tokens=False)["input_ids"]
-        out.append(QSample(search=s, candidates=top, context_ids=contexts, answer_ids=answer_ids))
+        log_prior = torch.log_softmax(search.deployed_scores[top] / search.temperature, dim=-1)
+        out.append(QSample(search=s, candidates=top, context_ids=contexts, answer_ids=answer_ids, log_prior=log_prior))
     return out

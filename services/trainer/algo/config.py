@@ -37,6 +37,11 @@ class AlgoConfig(BaseModel):
     q_steps: int = Field(8, ge=1, le=256, description="Search steps per round that get a Q_theta target.")
     q_candidates: int = Field(5, ge=2, le=50, description="Candidates per step scored by the policy for Q.")
     q_doc_tokens: int = Field(128, ge=16, le=512, description="Document tokens kept in x + d + y* sequences.")
+    q_prior: bool = Field(
+        False,
+        description="Q_theta as the posterior p_deployed(d) pi(y*|x,d)^(1/beta_Q) / Z: a weak policy re-weights the "
+        "serving retriever instead of replacing it (docs/results.md, section 3).",
+    )
     # coupling
     lambda_init: float = Field(1.0, gt=0, description="lambda: penalty weight at round 0.")
     lambda_step: float = Field(0.5, ge=0, description="delta: lambda grows by this each round.")

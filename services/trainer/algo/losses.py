@@ -90,9 +90,13 @@ def retrieval_credit_loss(chosen_logprobs: torch.Tensor, advantages: torch.Tenso
     return -(advantages * chosen_logprobs).mean()
 
 
-def q_target(answer_logprobs: torch.Tensor, beta_q: float) -> torch.Tensor:
-    """Q_theta(d) ∝ exp(log pi_theta(y* | x, d) / beta_Q) over the candidates; (S, M) -> (S, M)."""
-    return torch.softmax(answer_logprobs / beta_q, dim=-1)
+def q_target(answer_logprobs: torch.Tensor, beta_q: float, log_prior: torch.Tensor | None = None) -> torch.Tensor:
+    """Q_theta(d) ∝ exp(log pi_theta(y* | x, d) / beta_Q) over the candidates; (S, M) -> (S, M).
+
+    With `log_prior` (log p_deployed over the same candidates) it is the posterior p_deployed(d) pi(y*|x,d)^(1/beta_Q)
+    / Z: the policy re-weights the serving retriever's belief instead of replacing it (docs/results.md, section 3)."""
+    logits = answer_logprobs / beta_q
+    return torch.softmax(logits if log_prior is None else logits + log_prior, dim=-1)
 
 
 def kl(p: torch.Tensor, log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:

@@ -99,7 +99,11 @@ def compute_q(policy: PolicyModel, batch: RoundBatch, cfg: AlgoConfig) -> torch.
     if not batch.q_samples:
         return torch.zeros(0, 0)
     with torch.no_grad():
-        return torch.stack([q_target(answer_logprobs(policy, q), cfg.beta_q) for q in batch.q_samples])
+        return torch.stack([q_target(answer_logprobs(policy, q), cfg.beta_q, prior(q, cfg)) for q in batch.q_samples])
+
+
+def prior(q: QSample, cfg: AlgoConfig) -> torch.Tensor | None:
+    return q.log_prior if cfg.q_prior else None
 
 
 @dataclass
@@ -153,7 +157,7 @@ def policy_step(
             with torch.no_grad():
                 answer_lp = answer_logprobs(policy, q)  # (M_q,)
             answer_lp.requires_grad_(True)
-            q_theta = q_target(answer_lp, cfg.beta_q)[None]  # (1, M_q)
+            q_theta = q_target(answer_lp, cfg.beta_q, prior(q, cfg))[None]  # (1, M_q)
             term = lam * bilevel_correction(q_theta, coupling.log_p_phi[k : k + 1], coupling.log_p_z[k : k + 1])
             term = term / len(samples)
             (d_term,) = torch.autograd.grad(term, answer_lp)

@@ -100,3 +100,15 @@ def test_bilevel_correction_equals_its_closed_form():
     (grad_surrogate,) = torch.autograd.grad(bilevel_correction(q_target(theta, beta_q), log_p_phi, log_p_z), theta)
     assert torch.allclose(grad_definition, closed, atol=1e-6)
     assert torch.allclose(grad_surrogate, closed, atol=1e-6)
+
+
+def test_q_target_posterior_reweights_the_prior_by_the_policy():
+    # Two candidates; the policy finds y* e^1 times likelier after the second, the retriever prefers the first
+    # 3:1. Likelihood alone: [1, e] / (1 + e). Posterior: [3, e] / (3 + e).
+    answer_lp = torch.tensor([[0.0, 1.0]])
+    log_prior = torch.log(torch.tensor([[0.75, 0.25]]))
+    e = math.e
+    assert torch.allclose(q_target(answer_lp, 1.0), torch.tensor([[1 / (1 + e), e / (1 + e)]]))
+    assert torch.allclose(q_target(answer_lp, 1.0, log_prior), torch.tensor([[3 / (3 + e), e / (3 + e)]]))
+    # beta_Q tempers the likelihood only: at beta_Q -> large the posterior is the prior itself
+    assert torch.allclose(q_target(answer_lp, 1e6, log_prior), torch.tensor([[0.75, 0.25]]), atol=1e-5)
