@@ -104,8 +104,7 @@ def main() -> None:
         is_gold = torch.tensor([i in gold for i in ids])
         if not is_gold.any():
             continue  # no supporting passage among the scored candidates: nothing to point at
-        p_phi = torch.softmax(search.deployed_scores[sample.candidates] / search.temperature, dim=-1)
-        rows.append(step_stats(p_phi, q_row, is_gold))
+        rows.append(step_stats(sample.log_prior.exp(), q_row, is_gold))  # the serving p_phi, as the trainer has it
     summary = {"run": str(args.run_dir), "steps_scored": len(batch.q_samples), "candidates": args.candidates,
                **summarize_steps(rows)}  # fmt: skip
     print(json.dumps(summary, indent=2))
