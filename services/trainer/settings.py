@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import CommonSettings
@@ -41,6 +41,22 @@ class TrainerSettings(CommonSettings):
         9108, ge=0, le=65535, description="Serve the runs' latest round metrics (prometheus /metrics) here; 0: off."
     )
     metrics_host: str = Field("127.0.0.1", description="Bind address of the metrics endpoint (0.0.0.0 in compose).")
+    retry_max: int = Field(
+        6,
+        ge=0,
+        le=100,
+        description="Retries of a round step after a transient failure (502/503/504, connection "
+        "refused or dropped, timeout, Redis unreachable) before the run is marked failed; 0: fail at once.",
+    )
+    retry_backoff_s: float = Field(2.0, gt=0, description="Wait before the first retry; doubles with each retry.")
+    retry_backoff_max_s: float = Field(60.0, gt=0, description="Cap on the wait between two retries.")
+    retry_jitter: bool = Field(True, description="Draw each wait uniformly from [0, backoff] (full jitter).")
+
+    @model_validator(mode="after")
+    def _backoff_cap(self) -> TrainerSettings:
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise ValueError("retry_backoff_max_s must be at least retry_backoff_s")
+        return self
 
     @property
     def runs_dir(self) -> Path:
