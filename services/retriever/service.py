@@ -19,7 +19,7 @@ import numpy as np
 
 from services.common.checkpoints import Manifest, load_manifest
 from services.common.errors import Conflict, InvalidRequest, NotFound
-from services.common.schemas.checkpoints import ActivationResponse, CheckpointInfo, CheckpointList
+from services.common.schemas.checkpoints import ActivationResponse, CheckpointInfo, CheckpointList, CheckpointState
 from services.common.schemas.retriever import (
     Candidate,
     Document,
@@ -69,6 +69,9 @@ class RetrieverService:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         self._registry_path = settings.state_dir / "registry.json"
         self.registry = RegistryState.load(self._registry_path)
+        for entry in self.registry.checkpoints.values():
+            if entry.state == "embedding":  # a re-embed this process's predecessor did not finish
+                entry.state = "pending"
         self.index = index or build_index(settings)
         self._base_dir = Path(settings.encoder_dir) if settings.encoder_dir else settings.retriever_model_dir
         if not (self._base_dir / "config.json").exists():
@@ -83,7 +86,8 @@ class RetrieverService:
         self.index.create_collection(self.active.collection, self.active.doc_encoder.dim)
         if self.active.collection not in self.registry.complete_collections:
             self.registry.complete_collections.append(self.active.collection)
-            self.registry.save(self._registry_path)
+        self._set_state(self.registry.active, "ready")
+        self.registry.save(self._registry_path)
         if self.index.get_alias(settings.alias) != self.active.collection:
             self.index.set_alias(settings.alias, self.active.collection)
         self._batcher = MicroBatcher(self._search_batch, self._search_pool, wait_s=settings.batch_wait_ms / 1000)
@@ -243,8 +247,7 @@ class RetrieverService:
             previous=self.registry.previous,
             pending=self.pending,
             checkpoints=[
-                CheckpointInfo(version=c.version, kind=c.kind, parent=c.parent, created_at=c.created_at)
-                for c in self.registry.checkpoints.values()
+                CheckpointInfo.model_validate(c, from_attributes=True) for c in self.registry.checkpoints.values()
             ],
         )
 
@@ -267,6 +270,7 @@ class RetrieverService:
                 if manifest.kind == "retriever-full"
                 else self.registry.checkpoints[manifest.parent or BASE_VERSION].doc_tower
             )
+            state, error = self._collection_state(doc_tower)
             self.registry.checkpoints[manifest.version] = RetrieverCheckpoint(
                 version=manifest.version,
                 kind=manifest.kind,
@@ -274,6 +278,8 @@ class RetrieverService:
                 created_at=manifest.created_at,
                 path=str(folder),
                 doc_tower=doc_tower,
+                state=state,
+                error=error,
             )
             self.registry.save(self._registry_path)
             self._loaded[manifest.version] = pair
@@ -283,6 +289,13 @@ class RetrieverService:
         with self._admin_lock:
             if version not in self.registry.checkpoints:
                 raise NotFound(f"retriever version {version!r} is not registered", param="version")
+            entry = self.registry.checkpoints[version]
+            if entry.state == "failed":
+                raise Conflict(
+                    f"retriever version {version} cannot serve: re-embedding the corpus with its document tower "
+                    f"failed: {entry.error}",
+                    param="version",
+                )
             if self.pending is not None:
                 raise Conflict(f"version {self.pending} is still re-embedding the corpus; try again later")
             if version == self.registry.active:
@@ -292,6 +305,8 @@ class RetrieverService:
                 self._flip(version)
                 return self._activation_status("active")
             self._encoders(version)
+            self._set_state(version, "embedding")
+            self.registry.save(self._registry_path)
             self.pending = version
             self._reindex_thread = threading.Thread(target=self._reindex, args=(version,), daemon=True)
             self._reindex_thread.start()
@@ -323,30 +338,73 @@ class RetrieverService:
         self._trim_loaded()
         log.info("retriever version %s active (previous %s)", version, previous)
 
+    def _collection_state(self, doc_tower: str) -> tuple[CheckpointState, str | None]:
+        """The state of a checkpoint served from `doc_tower`'s collection: ready when the collection is built, failed
+        (with the reason) when building it failed, else pending."""
+        if collection_for(doc_tower) in self.registry.complete_collections:
+            return "ready", None
+        for entry in self.registry.checkpoints.values():
+            if entry.doc_tower == doc_tower and entry.state == "failed":
+                return "failed", entry.error
+        return "pending", None
+
+    def _set_state(self, version: str, state: CheckpointState, error: str | None = None) -> None:
+        """For `version` and every checkpoint that shares its document collection (they share its re-embed); callers
+        hold the admin lock (or are the constructor) and save the registry."""
+        for entry in self.registry.same_doc_tower(version):
+            entry.error = error
+            entry.state = state
+
     def _reindex(self, version: str) -> None:
-        """Embed the corpus with a new document tower into a new collection, then flip alias and encoder."""
+        """Embed the corpus with a new document tower into a new collection, then flip alias and encoder.
+
+        On failure the active version is unchanged and the checkpoint's state is 'failed' with the reason."""
+        target = collection_for(self.registry.checkpoints[version].doc_tower)
         try:
-            _, doc_encoder = self._loaded[version]
-            target = collection_for(self.registry.checkpoints[version].doc_tower)
-            if self.index.collection_exists(target):
-                self.index.drop_collection(target)  # a half-built collection from an interrupted run
-            self.index.create_collection(target, doc_encoder.dim)
-            for payloads in self.index.scroll(self.active.collection, batch=256):
-                texts = [passage_text(p.get("title", ""), p["text"]) for p in payloads]
-                vectors = doc_encoder.encode(texts, batch_size=self.settings.encode_batch_size)
-                self.index.upsert(target, vectors, payloads)
-            self.index.optimize(target)
+            self._embed_corpus(version, target)
             with self._admin_lock:
                 self.registry.complete_collections.append(target)
+                self._set_state(version, "ready")
                 self._flip(version)
-        except Exception:
+        except Exception as exc:
+            if self.active.collection == target:  # it went live; only recording that failed
+                log.exception("retriever version %s is active, but saving the registry failed", version)
+                return
             log.exception("re-embedding for retriever version %s failed; the active version is unchanged", version)
+            with self._admin_lock:
+                if target in self.registry.complete_collections:
+                    self.registry.complete_collections.remove(target)
+                self._set_state(version, "failed", f"{type(exc).__name__}: {exc}"[:2000])
+                self.registry.save(self._registry_path)
+            try:  # free what the half-built collection holds; nothing serves from it
+                if self.index.collection_exists(target):
+                    self.index.drop_collection(target)
+            except Exception:
+                log.exception("could not drop the half-built collection %s", target)
         finally:
             self.pending = None
+
+    def _embed_corpus(self, version: str, target: str) -> None:
+        _, doc_encoder = self._loaded[version]
+        if self.index.collection_exists(target):
+            self.index.drop_collection(target)  # a half-built collection from an interrupted run
+        self.index.create_collection(target, doc_encoder.dim)
+        for payloads in self.index.scroll(self.active.collection, batch=256):
+            texts = [passage_text(p.get("title", ""), p["text"]) for p in payloads]
+            vectors = doc_encoder.encode(texts, batch_size=self.settings.encode_batch_size)
+            if not np.isfinite(vectors).all():  # the index would take them, and never find those passages
+                bad = int((~np.isfinite(vectors).all(axis=1)).sum())
+                raise ReembedFailed(f"the document tower gave non-finite vectors for {bad} of {len(texts)} passages")
+            self.index.upsert(target, vectors, payloads)
+        self.index.optimize(target)
 
     def wait_reindexed(self, timeout: float | None = None) -> None:
         if self._reindex_thread is not None:
             self._reindex_thread.join(timeout)
+
+
+class ReembedFailed(RuntimeError):
+    """Re-embedding the corpus with a new document tower cannot finish (the reason is recorded on the checkpoint)."""
 
 
 def passage_text(title: str, text: str) -> str:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+# pending: its document collection is not built yet (a new document tower: built when it is activated);
+# embedding: the corpus is being re-embedded for it; ready: it can serve; failed: the re-embed failed (see `error`).
+CheckpointState = Literal["pending", "embedding", "ready", "failed"]
 
 
 class CheckpointInfo(BaseModel):
@@ -10,6 +16,8 @@ class CheckpointInfo(BaseModel):
     kind: str
     parent: str | None = None
     created_at: str | None = None
+    state: CheckpointState = Field("ready", description="Whether the checkpoint can serve; see CheckpointState.")
+    error: str | None = Field(None, description="Why the re-embed failed, when state is 'failed'.")
 
 
 class CheckpointList(BaseModel):

@@ -29,6 +29,13 @@ async def rollback(service: Service) -> ActivationResponse:
     return await asyncio.to_thread(service.rollback)
 
 
-@router.post("/{version}/activate", response_model=ActivationResponse, dependencies=[Admin])
+ACTIVATE_ERRORS = {
+    404: {"description": "The version is not registered"},
+    409: {"description": "Another version is still re-embedding the corpus, or this version's re-embed failed "
+          "(the reason in `detail`; its state is 'failed' in GET /v1/checkpoints)"},
+}  # fmt: skip
+
+
+@router.post("/{version}/activate", response_model=ActivationResponse, dependencies=[Admin], responses=ACTIVATE_ERRORS)
 async def activate(version: VersionPath, service: Service) -> ActivationResponse:
     return await asyncio.to_thread(service.activate, version)
