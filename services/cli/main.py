@@ -4,17 +4,55 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-app = typer.Typer(
+DEBUG_ENV = "BRIDGE_DEBUG"
+
+
+class _App(typer.Typer):
+    """A service's refusal (or a service that cannot be reached) is one line on stderr and exit status 1, not a
+    traceback; `bridge-rl --debug ...` (or BRIDGE_DEBUG=1) shows the traceback."""
+
+    def __call__(self, *args, **kwargs):
+        import httpx
+
+        from services.common.clients.base import ServiceError
+
+        try:
+            return super().__call__(*args, **kwargs)
+        except (ServiceError, httpx.TransportError) as exc:
+            if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+                raise
+            if isinstance(exc, ServiceError):
+                message = f"refused ({exc.status_code}): {exc.detail}"
+            else:
+                where = exc.request.url if getattr(exc, "_request", None) is not None else "the service"
+                message = f"cannot reach {where}: {exc or type(exc).__name__}"
+            print(f"bridge-rl: {' '.join(message.split())}", file=sys.stderr)
+            sys.exit(1)
+
+
+app = _App(
     help="BRIDGE: a search agent whose LLM policy and dense retriever train together, as live services.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks instead of one-line errors.")] = False,
+) -> None:
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+
+
 checkpoints_app = typer.Typer(
     help="List, register, activate and roll back checkpoints of a running service.", no_args_is_help=True
 )
@@ -100,28 +138,59 @@ def ask(
     mode: Annotated[
         AgentModeName, typer.Option(help="agent, naive-rag (one search, then the answer) or direct (no search).")
     ] = AgentModeName.agent,
+    stream: Annotated[bool, typer.Option(help="Show each step as it happens (default); --no-stream: at the end.")] = (
+        True
+    ),
 ) -> None:
     """Ask the running agent a question; print its answer, searches and the documents it read."""
     from rich.console import Console
 
     from services.common.clients.policy import PolicyClient
 
-    console = Console()
+    console = Console(highlight=False)
+    params = {"max_turns": max_turns, "top_k": top_k, "mode": mode.value}
     with PolicyClient(url) as client:
-        response = client.query(question, max_turns=max_turns, top_k=top_k, mode=mode.value)
-    for i, turn in enumerate(response.turns):
-        if turn.text.strip():
-            console.print(f"[bold]turn {i}[/bold] {turn.text.strip()}", highlight=False)
-        if turn.search:
-            console.print(f"  [cyan]search[/cyan] {turn.search.query!r}", highlight=False)
-            for doc in turn.search.docs:
-                console.print(f"    - {doc['title']} ({doc['id']})", highlight=False)
-    console.print(f"[bold green]answer[/bold green] {response.answer or '(none)'}", highlight=False)
+        if stream:
+            response = _print_stream(console, client.query_stream(question, **params))
+        else:
+            response = client.query(question, **params)
+            for i, turn in enumerate(response.turns):
+                if turn.text.strip():
+                    console.print(f"[bold]turn {i}[/bold] {turn.text.strip()}")
+                if turn.search:
+                    console.print(f"  [cyan]search[/cyan] {turn.search.query!r}")
+                    for doc in turn.search.docs:
+                        console.print(f"    - {doc['title']} ({doc['id']})")
+    console.print(f"[bold green]answer[/bold green] {response.answer or '(none)'}")
     console.print(
         f"policy {response.policy_version} · retriever {response.retriever_version} · "
-        f"trajectory {response.trajectory_id} · {response.timings.get('total_s', 0):.1f}s",
-        highlight=False,
+        f"trajectory {response.trajectory_id} · {response.timings.get('total_s', 0):.1f}s"
     )
+
+
+def _print_stream(console, events):
+    """Print a streamed answer as it comes: each turn's text, its search, the documents with their scores."""
+    current_turn, response = None, None
+    for event in events:
+        if event.type == "delta":
+            if event.turn != current_turn:
+                current_turn = event.turn
+                console.print(f"[bold]turn {event.turn}[/bold] ", end="")
+            console.out(event.text, end="", highlight=False)
+        elif event.type == "search":
+            if current_turn is not None:
+                console.print()
+            current_turn = None
+            console.print(f"  [cyan]search[/cyan] {event.query!r}")
+        elif event.type == "documents":
+            for doc in event.docs:
+                console.print(f"    - {doc.title} ({doc.id}) score {doc.score:.3f}")
+            console.print(f"    [dim]{event.mode}, retriever {event.retriever_version}[/dim]")
+        elif event.type == "done":
+            response = event.response
+    if current_turn is not None:
+        console.print()
+    return response
 
 
 @app.command()

@@ -79,6 +79,18 @@ def error_body(status: int, type_: str, message: str, param: str | None = None, 
     }
 
 
+# OpenAI's error types by status (what its clients expect under "error"); the routes that speak OpenAI's API
+# answer {"error": {message, type, param, code}} and nothing else, and 400 (not 422) for a malformed body.
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+                 422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+
+
+def openai_error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    type_ = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
 def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     parts = []
     for err in errors[:5]:
@@ -89,19 +101,31 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]
     return "; ".join(parts) or "invalid request body", param
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, openai_paths: tuple[str, ...] = ()) -> None:
+    """`openai_paths`: path prefixes that answer errors in OpenAI's shape instead (see `openai_error_body`)."""
+
+    def openai(request: Request) -> bool:
+        return request.url.path.startswith(openai_paths) if openai_paths else False
+
     @app.exception_handler(BridgeError)
-    async def _bridge_error(_: Request, exc: BridgeError) -> JSONResponse:
-        body = error_body(exc.status_code, exc.type, exc.message, exc.param, exc.code)
+    async def _bridge_error(request: Request, exc: BridgeError) -> JSONResponse:
+        if openai(request):
+            body = openai_error_body(exc.status_code, exc.message, exc.param, exc.code)
+        else:
+            body = error_body(exc.status_code, exc.type, exc.message, exc.param, exc.code)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _describe_validation(list(exc.errors()))
+        if openai(request):
+            return JSONResponse(openai_error_body(400, message, param), status_code=400)
         return JSONResponse(error_body(422, "invalid_request", message, param), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if openai(request):
+            return JSONResponse(openai_error_body(exc.status_code, message), status_code=exc.status_code)
         return JSONResponse(error_body(exc.status_code, "http_error", message), status_code=exc.status_code)

@@ -106,6 +106,27 @@ def check_api_key(request: Request, keys: Sequence[str], admin_token: str | None
     raise Unauthorized("this endpoint needs an API key: send 'X-API-Key: <key>'", code="missing_api_key")
 
 
+def check_bearer_api_key(request: Request, keys: Sequence[str], admin_token: str | None) -> None:
+    """As `check_api_key`, and an API key may come as `Authorization: Bearer <key>` too: that is how OpenAI's
+    clients send theirs (the admin token is still accepted there)."""
+    if not keys:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if request.headers.get(API_KEY_HEADER) is None and scheme.lower() == "bearer" and token:
+        admin = bool(admin_token) and hmac.compare_digest(token.encode(), admin_token.encode())
+        if not (_matches_any(token, keys) | admin):
+            raise Forbidden("API key is not valid", code="invalid_api_key")
+        return
+    check_api_key(request, keys, admin_token)
+
+
+def require_bearer_api_key(request: Request) -> None:
+    """FastAPI dependency of the OpenAI-compatible routes (see `check_bearer_api_key`)."""
+    state = request.app.state
+    check_bearer_api_key(request, getattr(state, "api_keys", ()), getattr(state, "admin_token", None))
+
+
 def require_api_key(request: Request) -> None:
     """FastAPI dependency: keys in `app.state.api_keys` (empty: open), admin token in `app.state.admin_token`."""
     check_api_key(request, getattr(request.app.state, "api_keys", ()), getattr(request.app.state, "admin_token", None))

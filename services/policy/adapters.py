@@ -62,16 +62,26 @@ class AdapterManager:
         return self.registry.active
 
     @asynccontextmanager
-    async def lease(self) -> AsyncIterator[str]:
-        version = self.registry.active
+    async def lease(self, version: str | None = None) -> AsyncIterator[str]:
+        """Pin the active version (or `version`, any registered one, loaded for the request if it is not)."""
+        if version is not None:
+            self.check_registered(version)
+        version = version or self.registry.active
         self._in_flight[version] += 1
         try:
+            if version != BASE_ADAPTER and version not in self._loaded:
+                async with self._lock:
+                    await self._ensure_loaded(version)
             yield version
         finally:
             self._in_flight[version] -= 1
             if self._in_flight[version] <= 0:
                 del self._in_flight[version]
                 await self._unload_idle()
+
+    def check_registered(self, version: str) -> None:
+        if version not in self.registry.checkpoints:
+            raise NotFound(f"policy version {version!r} is not registered", param="model", code="model_not_found")
 
     async def _ensure_loaded(self, version: str) -> None:
         if version == BASE_ADAPTER or version in self._loaded:

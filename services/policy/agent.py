@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from services.common.answers import extract_answer
 from services.common.clients.retriever import AsyncRetrieverClient
+from services.common.schemas.agent_events import DeltaEvent, DocumentsEvent, RetrievedDoc, SearchEvent
 from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord
 from services.policy.backends.engine import Engine, SamplingSpec
 from services.policy.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, format_information, parse_search
@@ -35,6 +36,18 @@ class AgentTask:
     golden_answers: list[str] | None = None
     group_index: int | None = None
     seed: int | None = None
+
+
+class EventSink:
+    """Where the steps of a streamed run go as they happen (a queue the caller drains), and the records being
+    built, so that a caller that cancels the run can still store what was generated before it stopped."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.records: list[TrajectoryRecord] = []
+
+    def emit(self, event: object) -> None:
+        self.queue.put_nowait(event)
 
 
 @dataclass
@@ -70,10 +83,13 @@ class AgentRunner:
         initial_search: bool = False,
         search_tool: bool = True,
         mode: str = "agent",
+        sink: EventSink | None = None,
     ) -> list[tuple[TrajectoryRecord, dict[str, float]]]:
         """`initial_search`: retrieve with the question before the first generation (a scaffold for small
         models, which rarely emit <search> on their own); it is an observation, masked like the others.
-        `search_tool=False` prompts without the search tool (the direct-answer baseline; use max_turns=0)."""
+        `search_tool=False` prompts without the search tool (the direct-answer baseline; use max_turns=0).
+        `sink`: stream the steps (text deltas, searches, documents) of a one-question run as they happen.
+        A turn joins the record only once its generation is whole, so a cancelled run leaves no half turn."""
         tokenizer = self.engine.tokenizer
         states = []
         for task in tasks:
@@ -102,11 +118,13 @@ class AgentRunner:
                 created_at=time.time(),
             )
             states.append(_State(task, record, list(prompt_ids)))
+        if sink is not None:
+            sink.records = [s.record for s in states]
 
         if initial_search and states:
             for state in states:
                 state.record.turns.append(TurnRecord(generated_ids=[], generated_logprobs=[], text=""))
-            await self._search([(s, s.task.question) for s in states], 0, retrieval, retrieval_seed)
+            await self._search([(s, s.task.question) for s in states], 0, retrieval, retrieval_seed, sink)
 
         for turn in range(max_turns + 1):
             live = [s for s in states if not s.done]
@@ -123,7 +141,13 @@ class AgentRunner:
                 seed = None if state.task.seed is None else state.task.seed * 101 + turn
                 spec = SamplingSpec(min(self.max_new_tokens, budget), temperature, stop, seed)
                 started = time.perf_counter()
-                generation = await self.engine.generate(state.context_ids, spec, adapter)
+                if sink is None:
+                    generation = await self.engine.generate(state.context_ids, spec, adapter)
+                else:
+                    index = len(state.record.turns)
+                    generation = await self.engine.generate_streaming(
+                        state.context_ids, spec, adapter, lambda text: sink.emit(DeltaEvent(turn=index, text=text))
+                    )
                 state.timings["generate_s"] += time.perf_counter() - started
                 return generation
 
@@ -147,7 +171,7 @@ class AgentRunner:
                 else:
                     searches.append((state, query))
             if searches:
-                await self._search(searches, turn, retrieval, retrieval_seed)
+                await self._search(searches, turn, retrieval, retrieval_seed, sink)
 
         results = []
         for state in states:
@@ -157,8 +181,16 @@ class AgentRunner:
         return results
 
     async def _search(
-        self, searches: list[tuple[_State, str]], turn: int, retrieval: RetrievalSpec, seed: int | None
+        self,
+        searches: list[tuple[_State, str]],
+        turn: int,
+        retrieval: RetrievalSpec,
+        seed: int | None,
+        sink: EventSink | None = None,
     ) -> None:
+        if sink is not None:
+            for state, query in searches:
+                sink.emit(SearchEvent(turn=len(state.record.turns) - 1, query=query))
         started = time.perf_counter()
         response = await self.retriever.search(
             [query for _, query in searches],
@@ -192,3 +224,15 @@ class AgentRunner:
             state.record.retriever_version = response.retriever_version
             state.context_ids += observation_ids
             state.timings["retrieve_s"] += elapsed
+            if sink is not None:
+                sink.emit(
+                    DocumentsEvent(
+                        turn=len(state.record.turns) - 1,
+                        query=query,
+                        docs=[RetrievedDoc(id=d.id, title=d.title, score=d.score, text=d.text) for d in result.docs],
+                        mode=retrieval.mode,
+                        candidates=len(result.candidates),
+                        logprob=result.logprob,
+                        retriever_version=response.retriever_version,
+                    )
+                )

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from services.common.errors import install_error_handlers
 from services.common.http import install_request_middleware
 from services.policy.metrics import PolicyMetrics
-from services.policy.routes import agent, checkpoints, health
+from services.policy.routes import agent, checkpoints, health, openai
 from services.policy.service import PolicyService, build_engine
 from services.policy.settings import PolicySettings
 
@@ -41,9 +41,9 @@ def build_app(settings: PolicySettings | None = None) -> FastAPI:
     app.state.api_keys = settings.resolved_api_keys
     if app.state.api_keys:
         log.info("agent endpoints need an API key (%d configured)", len(app.state.api_keys))
-    install_error_handlers(app)
+    install_error_handlers(app, openai_paths=openai.OPENAI_PATHS)
     install_request_middleware(app, settings.max_body_bytes)
 
-    for router in (agent.router, checkpoints.router, health.router):
+    for router in (agent.router, openai.router, checkpoints.router, health.router):
         app.include_router(router)
     return app

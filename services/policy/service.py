@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import AsyncIterator
 
 import httpx
 
 from services.common.answers import exact_match, f1_score
 from services.common.clients.retriever import AsyncRetrieverClient, ServiceError
 from services.common.errors import UpstreamUnavailable
+from services.common.schemas.agent_events import AnswerEvent, DoneEvent, StartEvent
 from services.common.schemas.policy import (
     AgentQueryRequest,
     AgentQueryResponse,
@@ -22,10 +26,12 @@ from services.common.schemas.policy import (
     TurnView,
 )
 from services.policy.adapters import AdapterManager
-from services.policy.agent import AgentRunner, AgentTask, RetrievalSpec
+from services.policy.agent import AgentRunner, AgentTask, EventSink, RetrievalSpec
 from services.policy.backends.engine import Engine, EngineError
 from services.policy.settings import PolicySettings
 from services.policy.store import TrajectoryStore
+
+log = logging.getLogger(__name__)
 
 # How each AgentQueryRequest.mode runs the loop (the baselines answer in one final turn).
 _MODES: dict[str, dict[str, object]] = {
@@ -60,6 +66,7 @@ class PolicyService:
             settings.trajectory_ttl_s,
         )
         self.agent = AgentRunner(engine, self.retriever, settings.max_new_tokens, settings.max_model_len)
+        self._cleanups: set[asyncio.Task] = set()  # cut-short streams being recorded
 
     async def start(self) -> None:
         await self.engine.start()
@@ -67,13 +74,17 @@ class PolicyService:
         await self.store.ping()
 
     async def stop(self) -> None:
+        if self._cleanups:
+            await asyncio.wait(self._cleanups, timeout=30)
         await self.retriever.aclose()
         await self.store.close()
         await self.engine.stop()
 
-    async def _run(self, tasks: list[AgentTask], **kwargs) -> list[tuple[TrajectoryRecord, dict[str, float]]]:
+    async def _run(
+        self, tasks: list[AgentTask], version: str | None = None, **kwargs
+    ) -> list[tuple[TrajectoryRecord, dict[str, float]]]:
         kwargs.setdefault("initial_search", self.settings.initial_search)
-        async with self.adapters.lease() as version:
+        async with self.adapters.lease(version) as version:
             try:
                 return await self.agent.run(tasks, adapter=version, policy_version=version, **kwargs)
             except EngineError as exc:
@@ -83,16 +94,28 @@ class PolicyService:
             except httpx.TransportError as exc:
                 raise UpstreamUnavailable(f"retriever unreachable at {self.settings.retriever_url}: {exc}") from exc
 
-    async def query(self, request: AgentQueryRequest) -> AgentQueryResponse:
-        started = time.perf_counter()
+    async def answer(
+        self, request: AgentQueryRequest, sink: EventSink | None = None, version: str | None = None
+    ) -> tuple[TrajectoryRecord, dict[str, float]]:
         [(record, timings)] = await self._run(
             [AgentTask(question=request.question)],
             temperature=0.0,
             max_turns=0 if request.mode != "agent" else request.max_turns,
             retrieval=RetrievalSpec(top_k=request.top_k, candidates=request.top_k),
+            sink=sink,
+            version=version,
             **_MODES[request.mode],
         )
         await self.store.append([record])
+        return record, timings
+
+    async def query(self, request: AgentQueryRequest, version: str | None = None) -> AgentQueryResponse:
+        started = time.perf_counter()
+        record, timings = await self.answer(request, version=version)
+        return self.response(record, timings, started)
+
+    @staticmethod
+    def response(record: TrajectoryRecord, timings: dict[str, float], started: float) -> AgentQueryResponse:
         turns = [
             TurnView(
                 text=t.text,
@@ -116,6 +139,56 @@ class PolicyService:
             turns=turns,
             timings={**timings, "total_s": time.perf_counter() - started},
         )
+
+    async def query_stream(self, request: AgentQueryRequest, version: str | None = None) -> AsyncIterator[object]:
+        """The steps of one question as they happen (services.common.schemas.agent_events), ending with `done`.
+        Domain errors propagate (the route turns them into a final error event). If the consumer stops early
+        (the client went away), the run is cancelled and what it generated is recorded as `cancelled`."""
+        started = time.perf_counter()
+        sink = EventSink()
+        work = asyncio.create_task(self.answer(request, sink, version))
+        work.add_done_callback(lambda _: sink.queue.put_nowait(None))
+        finished = False
+        try:
+            announced = False
+            while (event := await sink.queue.get()) is not None:
+                if not announced and sink.records:
+                    announced = True
+                    record = sink.records[0]
+                    yield StartEvent(trajectory_id=record.id, question=record.question,
+                                     policy_version=record.policy_version, mode=record.mode)  # fmt: skip
+                yield event
+            record, timings = work.result()
+            if not announced:
+                yield StartEvent(trajectory_id=record.id, question=record.question,
+                                 policy_version=record.policy_version, mode=record.mode)  # fmt: skip
+            yield AnswerEvent(answer=record.answer or "", reward=record.reward, trajectory_id=record.id)
+            finished = True
+            yield DoneEvent(response=self.response(record, timings, started))
+        finally:
+            if not finished and not work.done():
+                # Not awaited here: this generator may be closing inside a cancelled scope, where any await fails.
+                cleanup = asyncio.create_task(self._record_cut_short(work, sink))
+                self._cleanups.add(cleanup)
+                cleanup.add_done_callback(self._cleanups.discard)
+
+    async def _record_cut_short(self, work: asyncio.Task, sink: EventSink) -> None:
+        work.cancel()
+        await asyncio.wait([work])
+        if not work.cancelled():
+            work.exception()  # it finished (and stored its record, or failed) before the cancel reached it
+            return
+        if not sink.records:
+            return
+        for record in sink.records:
+            record.turns = [t for t in record.turns if t.generated_ids or t.search is not None]
+            record.answer = None
+            record.status = "cancelled"
+        try:
+            await self.store.append(sink.records)
+            log.info("client went away: trajectory %s recorded as cancelled", [r.id for r in sink.records])
+        except Exception:  # a background task: log it, there is no caller left to tell
+            log.exception("could not record the cancelled trajectory")
 
     async def rollouts(self, request: RolloutRequest) -> RolloutResponse:
         base_seed = request.seed

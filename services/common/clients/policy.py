@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from services.common.checkpoints import Manifest
-from services.common.clients.base import SyncServiceClient
+from services.common.clients.base import ServiceError, SyncServiceClient, _raise_for
+from services.common.schemas.agent_events import AGENT_EVENT, AgentEvent
 from services.common.schemas.checkpoints import ActivationResponse, CheckpointList
 from services.common.schemas.policy import (
     AgentQueryRequest,
@@ -33,6 +35,22 @@ class PolicyClient(SyncServiceClient):
     def query(self, question: str, **params: Any) -> AgentQueryResponse:
         body = AgentQueryRequest(question=question, **params).model_dump()
         return AgentQueryResponse.model_validate(self._call("POST", "/v1/agent/query", json=body))
+
+    def query_stream(self, question: str, **params: Any) -> Iterator[AgentEvent]:
+        """The steps of the answer as the service sends them (Server-Sent Events), ending with `done`. A refusal
+        before the stream, or an `error` event in it, raises `ServiceError`."""
+        body = AgentQueryRequest(question=question, stream=True, **params).model_dump()
+        with self._http.stream("POST", "/v1/agent/query", json=body) as response:
+            if not response.is_success:
+                response.read()
+                _raise_for(response)
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    event = AGENT_EVENT.validate_json(line.removeprefix("data: "))
+                    if event.type == "error":
+                        code = str(event.error.get("code") or "")
+                        raise ServiceError(int(code) if code.isdigit() else 500, event.detail)
+                    yield event
 
     def rollouts(self, request: RolloutRequest) -> RolloutResponse:
         return RolloutResponse.model_validate(self._call("POST", "/v1/agent/rollouts", json=request.model_dump()))

@@ -33,6 +33,11 @@ class AgentQueryRequest(Strict):
         "(max_turns ignored); direct: answer with no retrieval (max_turns ignored). The last two are the "
         "evaluation baselines.",
     )
+    stream: bool = Field(
+        False,
+        description="Answer as Server-Sent Events, one event per step as it happens (see AgentEvent), ending with "
+        "a `done` event that carries this same response. A client that disconnects cancels its generation.",
+    )
 
 
 class SearchStepView(BaseModel):
@@ -157,6 +162,11 @@ class TrajectoryRecord(BaseModel):
     f1: float | None = None
     sampling: dict[str, float | int | None] = Field(default_factory=dict)
     mode: AgentMode = "agent"
+    status: Literal["complete", "cancelled"] = Field(
+        "complete",
+        description="cancelled: the client went away mid-answer (a streamed query); the record holds the whole "
+        "turns generated before that, never a half-written one, and no answer",
+    )
     created_at: float
 
     @property

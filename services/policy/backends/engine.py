@@ -7,6 +7,7 @@ model (vLLM's raw log-probs: before temperature), so a trajectory's tokens are e
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,17 @@ class Engine(ABC):
     @abstractmethod
     async def generate(self, prompt_ids: list[int], spec: SamplingSpec, adapter: str) -> Generation:
         """Continue `prompt_ids` with the base model (`adapter == "base"`) or a loaded LoRA adapter."""
+
+    async def generate_streaming(
+        self, prompt_ids: list[int], spec: SamplingSpec, adapter: str, on_text: Callable[[str], None]
+    ) -> Generation:
+        """`generate`, calling `on_text` with each piece of text as it is produced. Cancelling the awaiting task
+        stops the generation. The result is the same Generation `generate` returns. This default sends the
+        whole text at the end; engines that can stream override it."""
+        generation = await self.generate(prompt_ids, spec, adapter)
+        if generation.text:
+            on_text(generation.text)
+        return generation
 
     @abstractmethod
     async def load_adapter(self, name: str, path: Path) -> None: ...

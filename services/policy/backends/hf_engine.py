@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
 
 from services.policy.backends.engine import BASE_ADAPTER, Engine, EngineError, Generation, SamplingSpec
 from services.policy.settings import PolicySettings
@@ -32,7 +35,14 @@ class TransformersEngine(Engine):
     async def stop(self) -> None:
         self.model = None
 
-    def _generate_sync(self, prompt_ids: list[int], spec: SamplingSpec, adapter: str) -> Generation:
+    def _generate_sync(
+        self,
+        prompt_ids: list[int],
+        spec: SamplingSpec,
+        adapter: str,
+        streamer: BaseStreamer | None = None,
+        stop: threading.Event | None = None,
+    ) -> Generation:
         model = self.model
         if adapter != BASE_ADAPTER:
             model.set_adapter(adapter)
@@ -47,6 +57,8 @@ class TransformersEngine(Engine):
             return_dict_in_generate=True,
             output_logits=True,
             pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+            streamer=streamer,
+            stopping_criteria=StoppingCriteriaList([_StopWhenSet(stop)]) if stop is not None else None,
         )
         if spec.temperature > 0:
             kwargs.update(temperature=spec.temperature, top_p=1.0, top_k=0)
@@ -78,6 +90,31 @@ class TransformersEngine(Engine):
             except TimeoutError as exc:
                 raise EngineError(f"generation took longer than {self.settings.request_timeout_s}s") from exc
 
+    async def generate_streaming(
+        self, prompt_ids: list[int], spec: SamplingSpec, adapter: str, on_text: Callable[[str], None]
+    ) -> Generation:
+        """Tokens reach `on_text` from the generating thread (through the event loop) as they are sampled;
+        cancelling stops the thread at its next token and waits for it, so the model is never shared."""
+        if adapter != BASE_ADAPTER and adapter not in self._adapters:
+            raise EngineError(f"adapter {adapter} is not loaded")
+        loop = asyncio.get_running_loop()
+        streamer = _TextStreamer(self.tokenizer, lambda piece: loop.call_soon_threadsafe(on_text, piece))
+        stop = threading.Event()
+        async with self._lock:
+            work = asyncio.ensure_future(
+                asyncio.to_thread(self._generate_sync, prompt_ids, spec, adapter, streamer, stop)
+            )
+            try:
+                return await asyncio.wait_for(asyncio.shield(work), self.settings.request_timeout_s)
+            except TimeoutError as exc:
+                stop.set()
+                await asyncio.wait([work])
+                raise EngineError(f"generation took longer than {self.settings.request_timeout_s}s") from exc
+            except asyncio.CancelledError:
+                stop.set()
+                await asyncio.wait([work])
+                raise
+
     async def load_adapter(self, name: str, path: Path) -> None:
         from peft import PeftModel
 
@@ -96,3 +133,41 @@ class TransformersEngine(Engine):
             if name in self._adapters and len(self._adapters) > 1:
                 self.model.delete_adapter(name)
                 self._adapters.discard(name)
+
+
+class _StopWhenSet(StoppingCriteria):
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
+
+
+class _TextStreamer(BaseStreamer):
+    """Generated token ids in, text pieces out: decodes everything so far and sends what is new, holding back an
+    incomplete UTF-8 character. `generate` first puts the prompt, which is skipped."""
+
+    def __init__(self, tokenizer, send: Callable[[str], None]) -> None:
+        self.tokenizer = tokenizer
+        self.send = send
+        self.ids: list[int] = []
+        self.sent = 0
+        self.prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.ids += value.reshape(-1).tolist()
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        if len(text) > self.sent:
+            self.send(text[self.sent :])
+            self.sent = len(text)
+
+    def end(self) -> None:
+        text = self.tokenizer.decode(self.ids)
+        if len(text) > self.sent:
+            self.send(text[self.sent :])
+            self.sent = len(text)

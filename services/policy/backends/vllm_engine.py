@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -98,8 +100,9 @@ class VLLMEngine(Engine):
                 await asyncio.to_thread(self._process.wait)
         self._process = None
 
-    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, adapter: str) -> Generation:
-        body = {
+    @staticmethod
+    def _body(prompt_ids: list[int], spec: SamplingSpec, adapter: str) -> dict:
+        return {
             "model": adapter,
             "prompt": prompt_ids,
             "max_tokens": spec.max_tokens,
@@ -112,6 +115,9 @@ class VLLMEngine(Engine):
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
+
+    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, adapter: str) -> Generation:
+        body = self._body(prompt_ids, spec, adapter)
         try:
             response = await self._http.post("/v1/completions", json=body)
         except httpx.TimeoutException as exc:
@@ -127,6 +133,43 @@ class VLLMEngine(Engine):
             text=choice["text"],
             finish_reason=choice.get("finish_reason"),
         )
+
+    async def generate_streaming(
+        self, prompt_ids: list[int], spec: SamplingSpec, adapter: str, on_text: Callable[[str], None]
+    ) -> Generation:
+        """vLLM's streamed completion: each chunk carries its text, token ids and their log-probs, so the joined
+        chunks are the same Generation as `generate`. Cancelling closes the connection, and vLLM aborts the
+        request when its client goes away."""
+        body = {**self._body(prompt_ids, spec, adapter), "stream": True}
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        text: list[str] = []
+        finish_reason = None
+        try:
+            async with self._http.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise EngineError(f"vLLM answered {response.status_code}: {response.text[:300]}")
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line.removeprefix("data: "))
+                    if "error" in chunk:
+                        raise EngineError(f"vLLM stream failed: {str(chunk['error'])[:300]}")
+                    for choice in chunk.get("choices", []):
+                        token_ids += choice.get("token_ids") or []
+                        logprobs += [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
+                        finish_reason = choice.get("finish_reason") or finish_reason
+                        if choice.get("text"):
+                            text.append(choice["text"])
+                            on_text(choice["text"])
+        except httpx.TimeoutException as exc:
+            raise EngineError(f"vLLM did not answer within {self.settings.request_timeout_s}s") from exc
+        except httpx.TransportError as exc:
+            raise EngineError(f"vLLM unreachable: {exc}") from exc
+        if len(token_ids) != len(logprobs):
+            raise EngineError(f"vLLM streamed {len(token_ids)} tokens but {len(logprobs)} log-probs")
+        return Generation(token_ids=token_ids, logprobs=logprobs, text="".join(text), finish_reason=finish_reason)
 
     async def load_adapter(self, name: str, path: Path) -> None:
         body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}

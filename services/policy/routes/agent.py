@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path
+from fastapi.responses import StreamingResponse
 
-from services.common.errors import InvalidRequest
+from services.common.errors import BridgeError, InvalidRequest, error_body
 from services.common.http import require_api_key
+from services.common.schemas.agent_events import ErrorEvent, sse_frame
 from services.common.schemas.policy import (
     AgentQueryRequest,
     AgentQueryResponse,
@@ -16,7 +21,10 @@ from services.common.schemas.policy import (
     RolloutResponse,
     TrajectoryRecord,
 )
+from services.policy.metrics import PolicyMetrics
 from services.policy.routes.deps import Metrics, Service
+
+log = logging.getLogger(__name__)
 
 AUTH_ERRORS = {
     401: {"description": "API keys are on and none was sent (`X-API-Key`)"},
@@ -31,8 +39,44 @@ ERRORS = {
 }
 
 
-@router.post("/v1/agent/query", response_model=AgentQueryResponse, responses=ERRORS)
-async def agent_query(body: AgentQueryRequest, service: Service, metrics: Metrics) -> AgentQueryResponse:
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+STREAM_RESPONSE = {
+    "description": 'With `"stream": true`: Server-Sent Events (`event: <type>`, `data: <json>`), one per step: '
+    "start, delta (generated text), search, documents, answer, then done (this same response), or a final "
+    "error event if the run fails after the stream began (services/common/schemas/agent_events.py).",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+
+
+def error_event(exc: Exception) -> ErrorEvent:
+    """A failure after the 200 went out: the same envelope as an error response, as the stream's last event."""
+    if isinstance(exc, BridgeError):
+        body = error_body(exc.status_code, exc.type, exc.message, exc.param, exc.code)
+    else:
+        body = error_body(500, "internal_error", "the agent failed; see the policy service log")
+    return ErrorEvent(error=body["error"], detail=body["detail"])
+
+
+async def stream_events(events: AsyncIterator, metrics: PolicyMetrics) -> AsyncIterator[str]:
+    started = time.perf_counter()
+    async with aclosing(events):
+        try:
+            async for event in events:
+                yield sse_frame(event)
+        except Exception as exc:
+            if not isinstance(exc, BridgeError):
+                log.exception("streamed query failed")
+            yield sse_frame(error_event(exc))
+            return
+    metrics.query_seconds.observe(time.perf_counter() - started)
+    metrics.trajectories.labels("query").inc()
+
+
+@router.post("/v1/agent/query", response_model=AgentQueryResponse, responses={**ERRORS, 200: STREAM_RESPONSE})
+async def agent_query(body: AgentQueryRequest, service: Service, metrics: Metrics):
+    if body.stream:
+        events = stream_events(service.query_stream(body), metrics)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     started = time.perf_counter()
     response = await service.query(body)
     metrics.query_seconds.observe(time.perf_counter() - started)
