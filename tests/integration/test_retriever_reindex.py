@@ -39,6 +39,7 @@ def test_doc_tower_checkpoint_reembeds_then_flips(retriever_factory, shared_data
         encoder.save_weights(staging / name)
     publish_checkpoint(staging, root / "full-1", kind="retriever-full", version="full-1", parent="base")
     client.register("full-1")
+    assert {c.version: c.state for c in client.checkpoints().checkpoints} == {"base": "ready", "full-1": "pending"}
 
     versions: list[str] = []
     failures: list[int] = []
@@ -71,6 +72,9 @@ def test_doc_tower_checkpoint_reembeds_then_flips(retriever_factory, shared_data
     flip = versions.index("full-1") if "full-1" in versions else len(versions)
     assert all(v == "base" for v in versions[:flip]) and all(v == "full-1" for v in versions[flip:])
 
+    assert {(c.version, c.state, c.error) for c in client.checkpoints().checkpoints} == {
+        ("base", "ready", None), ("full-1", "ready", None),
+    }  # fmt: skip
     after = client.search([question], top_k=3, candidates=10)
     assert after.retriever_version == "full-1"
     assert [c.score for c in after.results[0].candidates] != [c.score for c in before.results[0].candidates]
