@@ -22,7 +22,11 @@ from services.common.schemas.policy import (
     RolloutResponse,
     RolloutSummary,
     SearchStepView,
+    TokenSegment,
+    TrajectoryList,
     TrajectoryRecord,
+    TrajectorySummary,
+    TrajectoryTokens,
     TurnView,
 )
 from services.policy.adapters import AdapterManager
@@ -32,6 +36,7 @@ from services.policy.settings import PolicySettings
 from services.policy.store import TrajectoryStore
 
 log = logging.getLogger(__name__)
+_SUMMARY_FIELDS = set(TrajectorySummary.model_fields) - {"searches"}
 
 # How each AgentQueryRequest.mode runs the loop (the baselines answer in one final turn).
 _MODES: dict[str, dict[str, object]] = {
@@ -253,3 +258,41 @@ class PolicyService:
 
     async def trajectory(self, trajectory_id: str) -> TrajectoryRecord:
         return await self.store.get(trajectory_id)
+
+    async def latest_trajectories(
+        self, limit: int, policy_version: str | None = None, retriever_version: str | None = None,
+        min_reward: float | None = None,
+    ) -> TrajectoryList:  # fmt: skip
+        """Newest first, filtered; scans at most 10x `limit` of the stream to fill the page."""
+        records = await self.store.latest(min(limit * 10, 2000))
+        picked = [
+            r for r in records
+            if (policy_version is None or r.policy_version == policy_version)
+            and (retriever_version is None or r.retriever_version == retriever_version)
+            and (min_reward is None or (r.reward is not None and r.reward >= min_reward))
+        ][:limit]  # fmt: skip
+        return TrajectoryList(
+            trajectories=[
+                TrajectorySummary(
+                    **r.model_dump(include=_SUMMARY_FIELDS), searches=sum(1 for t in r.turns if t.search is not None)
+                )
+                for r in picked
+            ]
+        )
+
+    async def trajectory_tokens(self, trajectory_id: str) -> TrajectoryTokens:
+        """The record's tokens, each decoded on its own, in runs of prompt / generated / observation."""
+        record = await self.store.get(trajectory_id)
+        tokenizer = self.engine.tokenizer
+
+        def pieces(ids: list[int]) -> list[str]:
+            return [tokenizer.decode([i]) for i in ids]
+
+        segments = [TokenSegment(kind="prompt", tokens=pieces(record.prompt_ids))]
+        for index, turn in enumerate(record.turns):
+            if turn.generated_ids:
+                segments.append(TokenSegment(kind="generated", turn=index, tokens=pieces(turn.generated_ids),
+                                             logprobs=turn.generated_logprobs))  # fmt: skip
+            if turn.observation_ids:
+                segments.append(TokenSegment(kind="observation", turn=index, tokens=pieces(turn.observation_ids)))
+        return TrajectoryTokens(trajectory_id=record.id, segments=segments)

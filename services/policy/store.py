@@ -84,6 +84,16 @@ class TrajectoryStore:
         return TrajectoryRecord.model_validate_json(data)
 
     @_unavailable_as_503
+    async def latest(self, count: int) -> list[TrajectoryRecord]:
+        """The newest `count` trajectories of the stream, as they are now (with any reward given since)."""
+        entries = await self.redis.xrevrange(self.stream, count=count)
+        ids = list(dict.fromkeys(fields["id"] for _, fields in entries))
+        if not ids:
+            return []
+        found = await self.redis.mget([self.key(i) for i in ids])
+        return [TrajectoryRecord.model_validate_json(data) for data in found if data is not None]
+
+    @_unavailable_as_503
     async def set_reward(self, record: TrajectoryRecord) -> None:
         """Store the rewarded record and announce it on the feedback stream (live learning reads it)."""
         event = {"id": record.id, "reward": json.dumps(record.reward), "data": record.model_dump_json()}

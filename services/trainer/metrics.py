@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from wsgiref.simple_server import make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -92,16 +95,21 @@ class RunMetricsCollector(Collector):
 
 
 def serve_metrics(runs_dir: Path, port: int, host: str = "127.0.0.1") -> bool:
-    """Serve /metrics from a daemon thread of this process; port 0 disables. A port already taken is logged
-    and skipped: metrics never keep a worker from training."""
+    """Serve /metrics, and the read-only runs API (/v1/runs, services/trainer/runs_api.py), from a daemon thread
+    of this process; port 0 disables. A port already taken is logged and skipped: metrics never keep a worker
+    from training."""
+    from services.trainer.runs_api import runs_app
+
     if not port:
         return False
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunMetricsCollector(runs_dir))
     try:
-        start_http_server(port, addr=host, registry=registry)
+        server = make_server(host, port, runs_app(runs_dir, make_wsgi_app(registry)), ThreadingWSGIServer,
+                             handler_class=_SilentHandler)  # fmt: skip
     except OSError as exc:
         log.warning("worker metrics not served on %s:%d: %s", host, port, exc)
         return False
-    log.info("worker metrics on http://%s:%d/metrics", host, port)
+    threading.Thread(target=server.serve_forever, daemon=True, name="metrics-http").start()
+    log.info("worker metrics on http://%s:%d/metrics, runs on /v1/runs", host, port)
     return True

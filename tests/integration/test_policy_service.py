@@ -322,3 +322,24 @@ def test_bridge_rl_eval_pins_a_version_and_writes_results(policy, tmp_path):
     }  # fmt: skip
     assert "| hotpotqa | multi-hop | naive-rag | 2 |" in (out / "summary.md").read_text()
     assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == before  # restored after the run
+
+
+def test_streamed_query_on_vllm_gives_the_same_tokens_as_a_plain_one(policy):
+    """vLLM's streamed completion (deltas of text, token ids and log-probs) joins into the same trajectory as its
+    non-streamed one: greedy decoding, same question, same tokens and log-probs."""
+    body = {"question": QUESTIONS[1]["question"], "max_turns": 1}
+    plain = httpx.post(policy.url + "/v1/agent/query", json=body, timeout=600).json()
+    deltas, done = [], None
+    with httpx.stream("POST", policy.url + "/v1/agent/query", json={**body, "stream": True}, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line.removeprefix("data: "))
+                deltas += [event] if event["type"] == "delta" else []
+                done = event["response"] if event["type"] == "done" else done
+    assert done is not None and done["answer"] == plain["answer"] and done["turns"] == plain["turns"]
+    assert len(deltas) > len(done["turns"])  # really streamed: several pieces per turn
+    streamed, whole = fetch(policy, done["trajectory_id"]), fetch(policy, plain["trajectory_id"])
+    for a, b in zip(streamed.turns, whole.turns, strict=True):
+        assert a.generated_ids == b.generated_ids
+        assert max((abs(x - y) for x, y in zip(a.generated_logprobs, b.generated_logprobs, strict=True)),
+                   default=0) < 1e-3  # fmt: skip

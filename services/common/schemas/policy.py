@@ -183,3 +183,41 @@ class TrajectoryRecord(BaseModel):
         for turn in self.turns:
             mask += [1] * len(turn.generated_ids) + [0] * len(turn.observation_ids)
         return mask
+
+
+class TrajectorySummary(BaseModel):
+    """One line of `GET /v1/trajectories`: the latest logged trajectories, newest first."""
+
+    id: str
+    question: str
+    answer: str | None
+    mode: AgentMode
+    status: str
+    run_id: str | None = None
+    item_id: str | None = None
+    policy_version: str
+    retriever_version: str
+    reward: float | None = None
+    em: float | None = None
+    f1: float | None = None
+    searches: int
+    created_at: float
+
+
+class TrajectoryList(BaseModel):
+    trajectories: list[TrajectorySummary]
+
+
+class TokenSegment(BaseModel):
+    """A run of tokens of one kind: `generated` (the policy's actions, trained on) or `prompt`/`observation`
+    (masked out of every loss)."""
+
+    kind: Literal["prompt", "generated", "observation"]
+    turn: int | None = None
+    tokens: list[str] = Field(description="Each token decoded on its own.")
+    logprobs: list[float] | None = Field(None, description="Behaviour log-probs of generated tokens.")
+
+
+class TrajectoryTokens(BaseModel):
+    trajectory_id: str
+    segments: list[TokenSegment]

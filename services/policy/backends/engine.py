@@ -60,6 +60,10 @@ class Engine(ABC):
             on_text(generation.text)
         return generation
 
+    async def healthy(self) -> bool:
+        """Whether the engine answers now (the console's health view); in-process engines are up once started."""
+        return True
+
     @abstractmethod
     async def load_adapter(self, name: str, path: Path) -> None: ...
 

@@ -171,6 +171,12 @@ class VLLMEngine(Engine):
             raise EngineError(f"vLLM streamed {len(token_ids)} tokens but {len(logprobs)} log-probs")
         return Generation(token_ids=token_ids, logprobs=logprobs, text="".join(text), finish_reason=finish_reason)
 
+    async def healthy(self) -> bool:
+        try:
+            return (await self._http.get("/health", timeout=5)).status_code == 200
+        except httpx.TransportError:
+            return False
+
     async def load_adapter(self, name: str, path: Path) -> None:
         body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
         response = await self._http.post("/v1/load_lora_adapter", json=body)

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import StreamingResponse
 
 from services.common.errors import BridgeError, InvalidRequest, error_body
@@ -19,7 +19,9 @@ from services.common.schemas.policy import (
     FeedbackResponse,
     RolloutRequest,
     RolloutResponse,
+    TrajectoryList,
     TrajectoryRecord,
+    TrajectoryTokens,
 )
 from services.policy.metrics import PolicyMetrics
 from services.policy.routes.deps import Metrics, Service
@@ -99,6 +101,28 @@ async def agent_rollouts(body: RolloutRequest, service: Service, metrics: Metric
 @router.post("/v1/feedback", response_model=FeedbackResponse, responses={404: {"description": "Unknown id"}})
 async def feedback(body: FeedbackRequest, service: Service) -> FeedbackResponse:
     return await service.feedback(body)
+
+
+@router.get("/v1/trajectories", response_model=TrajectoryList)
+async def list_trajectories(
+    service: Service,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    policy_version: Annotated[str | None, Query(max_length=128)] = None,
+    retriever_version: Annotated[str | None, Query(max_length=128)] = None,
+    min_reward: Annotated[float | None, Query(ge=-10.0, le=10.0)] = None,
+) -> TrajectoryList:
+    """The latest logged trajectories (served queries and training rollouts), newest first, with their reward
+    as it is now."""
+    return await service.latest_trajectories(limit, policy_version, retriever_version, min_reward)
+
+
+@router.get("/v1/trajectories/{trajectory_id}/tokens", response_model=TrajectoryTokens,
+            responses={404: {"description": "Unknown id"}})  # fmt: skip
+async def get_trajectory_tokens(
+    trajectory_id: Annotated[str, Path(min_length=1, max_length=64)], service: Service
+) -> TrajectoryTokens:
+    """Every token of a trajectory decoded on its own: prompt, generated (trained on) and observation (masked)."""
+    return await service.trajectory_tokens(trajectory_id)
 
 
 @router.get("/v1/trajectories/{trajectory_id}", response_model=TrajectoryRecord,

@@ -16,7 +16,8 @@ async def healthz() -> dict:
 @router.get("/readyz")
 async def readyz(service: Service) -> dict:
     await service.store.ping()  # touches Redis; the engine is up once the service exists
-    return {"status": "ready", "policy_version": service.adapters.active, "engine": service.settings.engine}
+    return {"status": "ready", "policy_version": service.adapters.active, "engine": service.settings.engine,
+            "engine_healthy": await service.engine.healthy()}  # fmt: skip
 
 
 @router.get("/metrics")
