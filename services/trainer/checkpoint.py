@@ -21,8 +21,9 @@ def write_retriever(root: Path, retriever: RetrieverModel, version: str, parent:
     if final.exists():  # a retried task: the checkpoint of this (run, round) is already complete
         return final
     staging = staging_dir(root, version)
-    retriever.query.save_weights(staging / "query_encoder.safetensors")
-    publish_checkpoint(staging, final, kind="retriever-query", version=version, parent=parent, **meta)
+    retriever.save_query(staging, "query_encoder.safetensors")
+    extra = {**meta.pop("extra", {}), "retriever_params": retriever.params}
+    publish_checkpoint(staging, final, kind="retriever-query", version=version, parent=parent, extra=extra, **meta)
     return final
 
 

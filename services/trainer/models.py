@@ -28,13 +28,20 @@ class PolicyModel:
         else:
             config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=LORA_TARGETS, lora_dropout=0.0)
             self.model = get_peft_model(base, config)  # B = 0: starts exactly at the base policy
-        self.model.train()
+        # No dropout anywhere (LoRA dropout is 0 too): the log-probs a gradient step differentiates are the
+        # ones every ratio and Q_theta evaluation divides by.
+        self.model.eval()
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def token_logps(self, token_ids: Sequence[int], start: int, *, reference: bool = False) -> torch.Tensor:
-        """log pi(token_t | tokens_<t) for t in [start, T); (T - start,). Gradients flow unless `reference`."""
+    def token_logps(
+        self, token_ids: Sequence[int], start: int, *, reference: bool = False, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """log pi(token_t | tokens_<t) for t in [start, T); (T - start,). Gradients flow unless `reference`.
+
+        `temperature`: the policy that sampled is softmax(logits / T) (as verl divides logits by the rollout
+        temperature); greedy decoding (T = 0) is scored at T = 1."""
         input_ids = torch.tensor([list(token_ids)])
         keep = len(token_ids) - start + 1
         if reference:
@@ -43,6 +50,8 @@ class PolicyModel:
         else:
             logits = self.model(input_ids=input_ids, logits_to_keep=keep).logits
         logits = logits[0, :-1].float()  # (T - start, V): position p predicts token p + 1
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / temperature
         targets = input_ids[0, start:]
         return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
 
@@ -56,17 +65,69 @@ class PolicyModel:
         (folder / "README.md").unlink(missing_ok=True)  # checkpoints hold safetensors + config only
 
 
+RETRIEVER_LORA_TARGETS = ["query", "value"]
+RETRIEVER_LORA_FILE = "query_lora.safetensors"
+
+
 class RetrieverModel:
-    def __init__(self, base_dir: Path, query_weights: Path | None, max_length: int = 256) -> None:
+    """`params="full"` trains the whole query tower; `"lora"` a query-side LoRA over it (the paper's eta), whose
+    adapter (`RETRIEVER_LORA_FILE`) continues from round to round while the service gets the merged tower.
+
+    The towers stay in eval mode: dropout would make every no-grad evaluation (ratios, coupling) noisy and the
+    ratio at no change differ from 1."""
+
+    def __init__(
+        self,
+        base_dir: Path,
+        query_weights: Path | None,
+        max_length: int = 256,
+        *,
+        params: str = "full",
+        lora_rank: int = 8,
+        lora_alpha: int = 16,
+    ) -> None:
+        self.params = params
         self.query = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32")
-        if query_weights is not None:
+        lora_file = query_weights.with_name(RETRIEVER_LORA_FILE) if query_weights is not None else None
+        if params == "lora":
+            config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=RETRIEVER_LORA_TARGETS,
+                                lora_dropout=0.0)  # fmt: skip
+            if query_weights is not None and not lora_file.exists():
+                self.query.load_weights(query_weights)  # a full-tower checkpoint: the LoRA starts on top of it
+            self.query.model = get_peft_model(self.query.model, config)
+            if lora_file is not None and lora_file.exists():
+                from peft import set_peft_model_state_dict
+                from safetensors.torch import load_file
+
+                set_peft_model_state_dict(self.query.model, load_file(str(lora_file)))
+        elif query_weights is not None:
             self.query.load_weights(query_weights)
-        self.query.model.train()
+        self.query.model.eval()
         self.docs = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32")
         self._doc_vectors: dict[str, torch.Tensor] = {}
 
     def copy_query(self) -> SentenceEncoder:
         return copy.deepcopy(self.query)
+
+    @staticmethod
+    def trainable(encoder: SentenceEncoder) -> list[torch.nn.Parameter]:
+        return [p for p in encoder.parameters() if p.requires_grad]
+
+    def save_query(self, folder: Path, filename: str) -> list[Path]:
+        """The query tower as the service loads it (LoRA merged in), plus the adapter itself in LoRA mode."""
+        from safetensors.torch import save_file
+
+        model = self.query.model
+        if self.params != "lora":
+            self.query.save_weights(folder / filename)
+            return [folder / filename]
+        from peft import get_peft_model_state_dict
+
+        merged = copy.deepcopy(model).merge_and_unload()
+        save_file({k: v.detach().contiguous() for k, v in merged.state_dict().items()}, str(folder / filename))
+        adapter = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+        save_file(adapter, str(folder / RETRIEVER_LORA_FILE))
+        return [folder / filename, folder / RETRIEVER_LORA_FILE]
 
     def doc_vectors(self, ids: list[str], texts: dict[str, str]) -> torch.Tensor:
         """Frozen e_d for the given ids; (M, H). Cached across steps of a round."""

@@ -52,6 +52,7 @@ class RunState(BaseModel):
     published: list[Published] = Field(default_factory=list)
     retriever_weights: str | None = Field(None, description="Last published query tower (safetensors path).")
     policy_adapter: str | None = Field(None, description="Last published LoRA adapter folder.")
+    optimizer_dir: str | None = Field(None, description="The optimizers' state after the last published round.")
     retriever_version: str | None = None
     policy_version: str | None = None
     error: str | None = None

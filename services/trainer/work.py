@@ -16,6 +16,7 @@ from services.common.clients.policy import PolicyClient
 from services.common.clients.retriever import RetrieverClient
 from services.trainer import plan
 from services.trainer.algo.batch import RoundBatch, build_batch
+from services.trainer.algo.optim import RoundOptimizers
 from services.trainer.algo.round import Coupling, train_policy_phase, train_retriever_phase, train_round
 from services.trainer.checkpoint import policy_version, retriever_version, write_policy, write_retriever
 from services.trainer.models import PolicyModel, RetrieverModel
@@ -53,7 +54,8 @@ def start_run(settings: TrainerSettings, config: RunConfig) -> RunState:
     else:
         settings.qa_file(config.dataset)  # fail now, not in a worker, when the dataset is missing
         ensure_group(r, settings.trajectory_stream, config.run_id)
-    state = RunState(config=config, lam=config.algo.lambda_init)
+    state = RunState(config=config, lam=config.algo.initial_lambda)
+    write_json_atomic(folder / "config.json", config.model_dump(mode="json"))
     if config.source == "live":  # served trajectories come from whatever policy is live now
         with PolicyClient(settings.policy_url) as client:
             state.initial_policy_version = client.checkpoints().active
@@ -139,6 +141,7 @@ def _fetch_docs(settings: TrainerSettings, ids: set[str]) -> dict[str, tuple[str
     return docs
 
 
+OPTIMIZER_DIR = "optimizer"
 TRAINED = {"round": "trained.json", "retriever": "trained-retriever.json", "policy": "trained.json"}
 PUBLISHED_RETRIEVER = "published-retriever.json"
 
@@ -161,7 +164,10 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
     batch = _batch(settings, state, round_index, records, policy)
     items = json.loads((folder / "items.json").read_text())
     root = settings.checkpoint_root
-    meta = {"algorithm": cfg.algo, "round": round_index}
+    meta = {"algorithm": cfg.algo, "round": round_index, "extra": {"run_id": run_id, "config": cfg.model_dump()}}
+    # The optimizers continue from the last published round's state; this round's goes to its own folder,
+    # so a retried round starts again from the same state.
+    optim = RoundOptimizers(cfg, state.config.rounds, state.optimizer_dir and Path(state.optimizer_dir))
     live = state.config.source == "live"
     result = {
         "retriever": None, "policy": None, "rollout_metrics": rollout_metrics(records, items), "entry_ids": entry_ids,
@@ -175,7 +181,7 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
         fresh_ids, fresh_records = load_round_rollouts(folder / rollouts_file("fresh"))
         fresh = _batch(settings, state, round_index, fresh_records, policy, with_q=False)
         coupling = load_coupling(first["coupling"], batch, state.lam)
-        stats = train_policy_phase(policy, fresh, cfg, state.lam, coupling, first["stats"])
+        stats = train_policy_phase(policy, fresh, cfg, state.lam, coupling, first["stats"], optim)
         train_s = first["time/train_s"]
         result.update({
             "retriever": first["retriever"], "entry_ids": entry_ids + fresh_ids,
@@ -186,15 +192,14 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
         })  # fmt: skip
     else:
         retriever = RetrieverModel(
-            settings.base_retriever_dir, state.retriever_weights and _path(state.retriever_weights)
-        )
-        if live:
-            batch.sequence_weights = importance_weights(policy, batch.records, cfg.weight_clip)
+            settings.base_retriever_dir, state.retriever_weights and _path(state.retriever_weights),
+            params=cfg.retriever_params, lora_rank=cfg.retriever_lora_rank, lora_alpha=cfg.retriever_lora_alpha,
+        )  # fmt: skip
         if phase == "retriever":
-            stats, coupling = train_retriever_phase(policy, retriever, batch, cfg, state.lam)
+            stats, coupling = train_retriever_phase(policy, retriever, batch, cfg, state.lam, optim)
             result["coupling"] = dump_coupling(coupling)
         else:
-            stats = train_round(policy, retriever, batch, cfg, state.lam)
+            stats = train_round(policy, retriever, batch, cfg, state.lam, optim)
         if cfg.updates_retriever:
             version = retriever_version(run_id, round_index)
             write_retriever(root, retriever, version, state.retriever_version, metrics=_floats(stats), **meta)
@@ -203,6 +208,7 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
         version = policy_version(run_id, round_index)
         write_policy(root, policy, version, state.policy_version, metrics=_floats(stats), **meta)
         result["policy"] = version
+    optim.save(folder / OPTIMIZER_DIR)
     result["stats"] = stats
     result["time/train_s"] = train_s + time.perf_counter() - started
     result["memory/peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -230,7 +236,7 @@ def dump_coupling(coupling: Coupling | None) -> dict | None:
     return {
         "samples": [[q.search, q.candidates] for q in coupling.q_samples],
         "log_p_phi": coupling.log_p_phi.tolist(),
-        "log_p_z": coupling.log_p_z.tolist(),
+        "log_p_z": None if coupling.log_p_z is None else coupling.log_p_z.tolist(),
     }
 
 
@@ -241,32 +247,14 @@ def load_coupling(data: dict | None, batch: RoundBatch, lam: float) -> Coupling 
         return None
     if data["samples"] != [[q.search, q.candidates] for q in batch.q_samples]:
         raise RuntimeError("the rebuilt Q samples differ from those the retriever half was fit on")
-    return Coupling(lam, batch.q_samples, torch.tensor(data["log_p_phi"]), torch.tensor(data["log_p_z"]))
+    log_p_z = None if data["log_p_z"] is None else torch.tensor(data["log_p_z"])
+    return Coupling(lam, batch.q_samples, torch.tensor(data["log_p_phi"]), log_p_z)
 
 
 def share_on_version(records, version: str | None) -> float:
     """Share of the search steps that the given retriever version served (1.0 when there were none)."""
     steps = [t.search for r in records for t in r.turns if t.search]
     return sum(s.retriever_version == version for s in steps) / len(steps) if steps else 1.0
-
-
-def importance_weights(policy: PolicyModel, records, clip: float):
-    """Truncated per-trajectory weights min(clip, pi_theta / pi_behaviour) (geometric mean over generated
-    tokens): live trajectories may come from an older policy version than the one being trained."""
-    import torch
-
-    weights = []
-    with torch.no_grad():
-        for record in records:
-            mask = record.generated_mask
-            if 1 not in mask:
-                weights.append(1.0)
-                continue
-            start = mask.index(1)
-            current = policy.token_logps(record.token_ids, start)[torch.tensor(mask[start:], dtype=torch.bool)]
-            behaviour = torch.tensor([lp for t in record.turns for lp in t.generated_logprobs])
-            weights.append(min(clip, float((current - behaviour).mean().exp())))
-    return torch.tensor(weights)
 
 
 def _path(value: str):
@@ -352,6 +340,8 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
         Published(round=round_index, retriever_version=trained["retriever"], policy_version=trained["policy"])
     )
     state.lam = stats.get("lambda_next", state.lam)
+    if (folder / OPTIMIZER_DIR).exists():
+        state.optimizer_dir = str(folder / OPTIMIZER_DIR)
     if state.config.source == "live":
         mean_reward = trained["rollout_metrics"]["reward/mean"]
         decay = state.config.baseline_decay

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import torch
 
 from services.common.schemas.policy import TrajectoryRecord
-from services.policy.prompt import build_prompt, format_information
+from services.policy.prompt import format_information
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import grpo_advantages
 
@@ -23,6 +24,7 @@ class SearchSample:
     chosen: torch.Tensor  # (k,) indices into the candidates, in draw order
     temperature: float
     behaviour_logprob: float | None  # None for a greedy (served) retrieval: no retrieval-credit term
+    old_logprob: float | None = None  # the same draw scored by the trainer under phi_old (set by the round)
 
 
 @dataclass
@@ -45,7 +47,14 @@ class RoundBatch:
     q_samples: list[QSample]
     doc_texts: dict[str, str]
     doc_titles: dict[str, str] = field(default_factory=dict)
-    sequence_weights: torch.Tensor | None = None  # (B,) truncated importance weights for off-policy data
+    sequence_weights: torch.Tensor | None = None  # (B,) extra per-trajectory weights (none by default)
+    old_logps: list[torch.Tensor] | None = None  # per record (T_i,): theta_old's log-probs, set by the round
+    tis_weights: list[torch.Tensor] | None = None  # per record (T_i,): min(cap, pi_old / pi_behaviour)
+
+    def temperature(self, i: int) -> float:
+        """The decoding temperature record i was sampled at (its own record, never a trainer default)."""
+        value = self.records[i].sampling.get("temperature")
+        return float(value) if value else 1.0
 
     @property
     def sampled(self) -> list[SearchSample]:
@@ -103,18 +112,41 @@ def build_batch(
     )
 
 
-def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list[QSample]:
-    """The configured subsample: the first `q_steps` searches whose question has a gold answer, each with
-    its `q_candidates` best-scored candidates; short x + d + y* sequences (the doc cut to `q_doc_tokens`)."""
-    out: list[QSample] = []
+def spread_subsample(records, searches: list[SearchSample], q_steps: int, seed: int) -> list[int]:
+    """Up to `q_steps` search indices with distinct (query, candidate set), spread over the round's questions:
+    questions in a seeded order, round-robin, one not-yet-taken distinct search of each per pass. Searches of
+    one question's G rollouts often share query and candidates (the initial-search scaffold); those count once."""
+    rng = random.Random(seed)
+    by_question: dict[str, list[int]] = {}
+    seen: set[tuple[str, tuple[str, ...]]] = set()
     for s, search in enumerate(searches):
-        if len(out) >= cfg.q_steps:
-            break
         record = records[search.trajectory]
-        if not record.golden_answers:
+        key = (search.query, tuple(search.candidate_ids))
+        if not record.golden_answers or key in seen:
             continue
+        seen.add(key)
+        by_question.setdefault(record.item_id or record.question, []).append(s)
+    questions = sorted(by_question)
+    rng.shuffle(questions)
+    for question in questions:
+        rng.shuffle(by_question[question])
+    picked: list[int] = []
+    while len(picked) < q_steps and any(by_question[q] for q in questions):
+        for question in questions:
+            if by_question[question] and len(picked) < q_steps:
+                picked.append(by_question[question].pop())
+    return sorted(picked)
+
+
+def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list[QSample]:
+    """The configured subsample (`spread_subsample`, seeded by `cfg.seed`), each search with its `q_candidates`
+    best-scored candidates; short x + d + y* sequences (the doc cut to `q_doc_tokens`)."""
+    out: list[QSample] = []
+    for s in spread_subsample(records, searches, cfg.q_steps, cfg.seed):
+        search = searches[s]
+        record = records[search.trajectory]
         top = torch.argsort(search.deployed_scores, descending=True)[: cfg.q_candidates].tolist()
-        prompt = build_prompt(tokenizer, record.question)
+        prompt = record.prompt  # exactly what the policy was shown
         contexts = []
         for c in top:
             title, text = docs[search.candidate_ids[c]]

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Algo = Literal["search-r1", "retriever-only", "alt-rp", "alt-pr", "joint", "bridge"]
+Estimator = Literal["bridge", "two-state", "drop"]
 FRESH_ALGOS = ("bridge", "alt-rp")
 
 
@@ -20,6 +21,12 @@ class AlgoConfig(BaseModel):
         "clipped ratio prod_t P_phi(D_t)/P_phi_old(D_t), or publish it, collect fresh rollouts and step the "
         "policy on those (bridge and alt-rp only: the algorithms whose retriever steps before the policy).",
     )
+    estimator: Estimator = Field(
+        "bridge",
+        description="bridge only: the policy gradient at the penalised retriever state. bridge (the paper's): "
+        "grad_theta f alone, no second retriever state; two-state: + lambda (grad_theta g(phi) - grad_theta g(z)) "
+        "with z the lower-level proxy; drop: + lambda grad_theta g(phi), the value-function term dropped.",
+    )
     group_size: int = Field(2, ge=2, le=16, description="G rollouts per question (GRPO needs >= 2).")
     # policy (upper level)
     policy_lr: float = Field(1e-4, gt=0, description="alpha: Adam step size for the LoRA parameters.")
@@ -29,8 +36,26 @@ class AlgoConfig(BaseModel):
     beta: float = Field(0.01, ge=0, description="KL weight to the frozen base (LoRA disabled).")
     lora_rank: int = Field(8, ge=1, le=64)
     lora_alpha: int = Field(16, ge=1)
+    tis_cap: float = Field(
+        2.0,
+        ge=1,
+        description="Truncated importance weight min(cap, pi_old / pi_behaviour) per generated token (and per "
+        "sampled retrieval in the credit term): the engine's bf16 log-probs, or an older served version, against "
+        "the trainer's own recomputation (verl's TIS).",
+    )
+    # optimisation (both levels; TRL's defaults where they apply)
+    max_grad_norm: float = Field(1.0, ge=0, description="Clip each optimizer's gradient norm to this; 0: off.")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "linear", description="After warm-up: constant, or linear decay to 0 over the run's steps (TRL's default)."
+    )
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of the run's optimizer steps spent warming up.")
     # retriever (lower level)
-    retriever_lr: float = Field(2e-5, gt=0, description="eta: Adam step size for the query tower.")
+    retriever_params: Literal["full", "lora"] = Field(
+        "full", description="What the retriever trains: the whole query tower, or a query-side LoRA (the paper's eta)."
+    )
+    retriever_lora_rank: int = Field(8, ge=1, le=64)
+    retriever_lora_alpha: int = Field(16, ge=1)
+    retriever_lr: float = Field(2e-5, gt=0, description="eta: Adam step size for the query tower (or its LoRA).")
     retriever_steps: int = Field(4, ge=1, le=64, description="K: steps for z and for phi per round.")
     mu: float = Field(0.1, ge=0, description="Weight of KL(p_deployed || p_phi): stay near the live retriever.")
     beta_q: float = Field(1.0, gt=0, description="Temperature of Q_theta(d) ∝ exp(log pi(y*|x,d) / beta_Q).")
@@ -43,6 +68,12 @@ class AlgoConfig(BaseModel):
         "serving retriever instead of replacing it (docs/results.md, section 3).",
     )
     # coupling
+    gamma: float | None = Field(
+        None,
+        gt=0,
+        description="The paper's fixed penalty: phi minimises f + gamma g (our f / lambda + g), the correction has "
+        "weight gamma; sets lambda = gamma every round (the lambda schedule is then unused). The paper uses 0.02.",
+    )
     lambda_init: float = Field(1.0, gt=0, description="lambda: penalty weight at round 0.")
     lambda_step: float = Field(0.5, ge=0, description="delta: lambda grows by this each round.")
     lambda_max: float = Field(10.0, gt=0)
@@ -71,3 +102,17 @@ class AlgoConfig(BaseModel):
     @property
     def needs_q(self) -> bool:
         return self.updates_retriever
+
+    @property
+    def uses_z(self) -> bool:
+        """Only the two-state estimator keeps the second retriever state z (the lower-level value proxy)."""
+        return self.algo == "bridge" and self.estimator == "two-state"
+
+    @property
+    def initial_lambda(self) -> float:
+        return self.gamma if self.gamma is not None else self.lambda_init
+
+    def next_lambda(self, lam: float) -> float:
+        if self.gamma is not None or self.algo != "bridge":
+            return lam
+        return min(lam + self.lambda_step, self.lambda_max)

@@ -40,15 +40,21 @@ def grpo_loss(
     beta: float = 0.0,
     ref_logps: torch.Tensor | None = None,
     sequence_weights: torch.Tensor | None = None,
+    tis_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped GRPO surrogate on policy-generated tokens plus beta * KL to the reference (k3 estimator).
 
-    logps, old_logps, ref_logps, completion_mask: (B, T); advantages, sequence_weights: (B,).
+    logps, old_logps, ref_logps, completion_mask, tis_weights: (B, T); advantages, sequence_weights: (B,).
     `completion_mask` is 1 on generated tokens only: prompt and retrieved <information> tokens are 0.
+    `old_logps` are the trainer's own log-probs under theta_old (so the ratio is exactly 1 at the first step);
+    `tis_weights` = min(cap, pi_old / pi_behaviour) per token corrects for the engine that sampled (verl's TIS)
+    and multiplies the surrogate only, not the KL term.
     """
     ratio = torch.exp(logps - old_logps)  # (B, T)
     clipped_ratio = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     per_token_surrogate = torch.min(ratio * advantages[:, None], clipped_ratio * advantages[:, None])
+    if tis_weights is not None:
+        per_token_surrogate = per_token_surrogate * tis_weights
     per_token_loss = -per_token_surrogate
     per_token_kl = torch.zeros_like(logps)
     if beta and ref_logps is not None:
@@ -60,11 +66,16 @@ def grpo_loss(
     has_tokens = (completion_mask.sum(-1) > 0).float()
     loss = (per_sequence * has_tokens).sum() / has_tokens.sum().clamp(min=1)
     with torch.no_grad():
-        clipped = ((ratio - clipped_ratio).abs() > 0).float()
+        # Clipped = the min picked the clipped branch, so no gradient flows (TRL's is_low/high_clipped):
+        # below 1 - eps_low with A < 0, above 1 + eps_high with A > 0.
+        low_clipped = ((ratio < 1 - eps_low) & (advantages[:, None] < 0)).float()
+        high_clipped = ((ratio > 1 + eps_high) & (advantages[:, None] > 0)).float()
         stats = {
             "loss/policy": float(loss),
             "kl/mean": float(masked_mean(per_token_kl, completion_mask)),
-            "clip_ratio/mean": float(masked_mean(clipped, completion_mask)),
+            "clip_ratio/low_mean": float(masked_mean(low_clipped, completion_mask)),
+            "clip_ratio/high_mean": float(masked_mean(high_clipped, completion_mask)),
+            "clip_ratio/mean": float(masked_mean(low_clipped + high_clipped, completion_mask)),
         }
     return loss, stats
 
@@ -83,10 +94,16 @@ def plackett_luce_logprob(logits: torch.Tensor, chosen: torch.Tensor) -> torch.T
     return total
 
 
-def retrieval_credit_loss(chosen_logprobs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """phi-part of f: -mean_{i,t} A_i * log P_phi(D_{i,t} | q_{i,t}, C_{i,t}); one row per search step."""
+def retrieval_credit_loss(
+    chosen_logprobs: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """phi-part of f: -mean_{i,t} w_{i,t} A_i * log P_phi(D_{i,t} | q_{i,t}, C_{i,t}); one row per search step.
+
+    `weights`: truncated min(cap, P_phi_old(D) / P_behaviour(D)) per row, for draws the trainer did not make."""
     if chosen_logprobs.numel() == 0:
         return chosen_logprobs.new_zeros(())
+    if weights is not None:
+        advantages = advantages * weights
     return -(advantages * chosen_logprobs).mean()
 
 
@@ -116,6 +133,13 @@ def retriever_lower_loss(
     if mu:
         loss = loss + mu * kl(log_p_deployed.exp(), log_p_deployed, log_p_phi)
     return loss
+
+
+def rag_theta_term(q_theta: torch.Tensor, log_p_phi: torch.Tensor) -> torch.Tensor:
+    """The theta-dependent part of g(phi; theta) = KL(Q_theta || p_phi) with log p_phi constant: its
+    theta-gradient is grad_theta g(phi; theta) (the `drop` estimator's extra term, and `joint`'s)."""
+    log_q = torch.log(q_theta.clamp(min=1e-12))
+    return kl(q_theta, log_q, log_p_phi.detach())
 
 
 def bilevel_correction(q_theta: torch.Tensor, log_p_phi: torch.Tensor, log_p_z: torch.Tensor) -> torch.Tensor:

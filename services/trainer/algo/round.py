@@ -1,15 +1,21 @@
 """One training round for every algorithm behind `--algo` (DESIGN §4), reading top to bottom.
 
-bridge:  z <- phi, K steps on g(z; theta)                                (lower-level value proxy)
-         K steps phi <- phi - eta (grad_phi f / lambda + grad_phi g(phi; theta))   (retriever FIRST)
-         theta <- theta - alpha (grad_theta f + lambda (grad_theta g(phi) - grad_theta g(z)))
-         lambda <- min(lambda + delta, lambda_max)
+bridge:  K steps phi <- phi - eta (grad_phi f / lambda + grad_phi g(phi; theta))   (retriever FIRST)
+         theta <- theta - alpha (grad_theta f + the estimator's coupling term)            (then the policy)
+           bridge (the paper's): no coupling term;  drop: + lambda grad_theta g(phi; theta);
+           two-state: z <- phi, K steps on g(z; theta) first, + lambda (grad_theta g(phi) - grad_theta g(z))
+         lambda <- min(lambda + delta, lambda_max)   (or lambda = gamma, fixed)
 The others drop or reorder pieces of the same code: search-r1 (theta only), retriever-only (phi only),
-alt-rp (phi then theta, no coupling), alt-pr (theta then phi), joint (one simultaneous step on f + g).
+alt-rp (phi then theta, no coupling), alt-pr (theta then phi), joint (one simultaneous step on f + g for both).
+
+Before any step the round scores its batch under theta_old and phi_old with the trainer's own models: GRPO's
+ratio and the re-weighting ratio divide by those (exactly 1 at no change); the engine's and the retriever
+service's behaviour log-probs enter only through truncated importance weights (`tis_cap`), reported per round.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,9 +30,11 @@ from services.trainer.algo.losses import (
     grpo_loss,
     plackett_luce_logprob,
     q_target,
+    rag_theta_term,
     retrieval_credit_loss,
     retriever_lower_loss,
 )
+from services.trainer.algo.optim import RoundOptimizers, TrainOptimizer
 from services.trainer.models import PolicyModel, RetrieverModel
 
 
@@ -43,15 +51,43 @@ def candidate_logps(encoder: SentenceEncoder, retriever: RetrieverModel, batch: 
     return out
 
 
-def retrieval_credit(encoder, retriever, batch: RoundBatch) -> torch.Tensor:
-    """f's phi-part: -mean A_i log P_phi(D | q, C) by Plackett–Luce over the candidates."""
-    pairs = [(lp, s) for lp, s in zip(candidate_logps(encoder, retriever, batch), batch.searches, strict=True)
-             if s.behaviour_logprob is not None]  # fmt: skip
-    if not pairs:
+def retrieval_tis(batch: RoundBatch, cap: float) -> dict[int, float]:
+    """min(cap, P_phi_old(D) / P_behaviour(D)) per sampled search (by index): the service's bf16 draw, or an
+    older served version's, against the trainer's phi_old. 1 where the old log-prob is not scored."""
+    return {
+        n: min(cap, math.exp(s.old_logprob - s.behaviour_logprob)) if s.old_logprob is not None else 1.0
+        for n, s in enumerate(batch.searches)
+        if s.behaviour_logprob is not None
+    }
+
+
+def retrieval_credit(encoder, retriever, batch: RoundBatch, cap: float = 2.0) -> torch.Tensor:
+    """f's phi-part: -mean w A_i log P_phi(D | q, C) by Plackett–Luce over the candidates."""
+    weights = retrieval_tis(batch, cap)
+    if not weights:
         return torch.zeros(())
-    chosen = torch.stack([plackett_luce_logprob(lp, s.chosen) for lp, s in pairs])
-    advantages = torch.stack([batch.advantages[s.trajectory] for _, s in pairs])
-    return retrieval_credit_loss(chosen, advantages)
+    logps = candidate_logps(encoder, retriever, batch)
+    chosen = torch.stack([plackett_luce_logprob(logps[n], batch.searches[n].chosen) for n in weights])
+    advantages = torch.stack([batch.advantages[batch.searches[n].trajectory] for n in weights])
+    return retrieval_credit_loss(chosen, advantages, torch.tensor(list(weights.values())))
+
+
+def score_old_retrieval(retriever: RetrieverModel, batch: RoundBatch, cap: float) -> dict[str, float]:
+    """Each sampled search's chosen set scored by the trainer under phi_old (before any retriever step)."""
+    sampled = [n for n, s in enumerate(batch.searches) if s.behaviour_logprob is not None]
+    if not sampled:
+        return {}
+    with torch.no_grad():
+        logps = candidate_logps(retriever.query, retriever, batch)
+    for n in sampled:
+        batch.searches[n].old_logprob = float(plackett_luce_logprob(logps[n], batch.searches[n].chosen))
+    diffs = [abs(batch.searches[n].old_logprob - batch.searches[n].behaviour_logprob) for n in sampled]
+    weights = list(retrieval_tis(batch, cap).values())
+    return {
+        "mismatch/retrieval_abs_mean": sum(diffs) / len(diffs),
+        "tis/retrieval_mean": sum(weights) / len(weights),
+        "tis/retrieval_clip_frac": sum(w >= cap for w in weights) / len(weights),
+    }
 
 
 def subset_logps(logps: list[torch.Tensor], batch: RoundBatch) -> torch.Tensor:
@@ -75,17 +111,17 @@ def lower_loss(encoder, retriever, batch: RoundBatch, q_theta: torch.Tensor, cfg
     return retriever_lower_loss(q_theta.detach(), log_p, deployed, cfg.mu)
 
 
-def descend(params: list[torch.nn.Parameter], loss_fn: Callable[[], torch.Tensor], steps: int, lr: float) -> float:
-    optimizer = torch.optim.Adam(params, lr=lr)
-    value = 0.0
+def descend(optimizer: TrainOptimizer, loss_fn: Callable[[], torch.Tensor], steps: int) -> tuple[float, float]:
+    """`steps` optimizer steps on `loss_fn`; returns (the last loss, the last gradient norm before clipping)."""
+    value, grad_norm = 0.0, 0.0
     for _ in range(steps):
         optimizer.zero_grad()
         loss = loss_fn()
         if loss.requires_grad:
             loss.backward()
-            optimizer.step()
+            grad_norm = optimizer.step()
         value = float(loss.detach())
-    return value
+    return value, grad_norm
 
 
 # ----------------------------------------------------------------------------- policy side
@@ -108,13 +144,35 @@ def prior(q: QSample, cfg: AlgoConfig) -> torch.Tensor | None:
 
 @dataclass
 class Coupling:
-    """What the policy step's bilevel correction needs from the retriever step: lambda, the Q subsample on
-    which z and phi were fit, and log p_phi, log p_z over it (constants for theta)."""
+    """What the policy step's coupling term needs from the retriever step: its weight, the Q subsample on which
+    phi (and z) were fit, and log p_phi (and log p_z) over it, constants for theta.
+
+    With `log_p_z` (two-state): lam (grad_theta g(phi) - grad_theta g(z)); without (drop, joint):
+    lam grad_theta g(phi; theta)."""
 
     lam: float
     q_samples: list[QSample]
     log_p_phi: torch.Tensor  # (S_q, M_q)
-    log_p_z: torch.Tensor  # (S_q, M_q)
+    log_p_z: torch.Tensor | None = None  # (S_q, M_q)
+
+    def term(self, q_theta: torch.Tensor, k: int) -> torch.Tensor:
+        log_p_phi = self.log_p_phi[k : k + 1]
+        if self.log_p_z is None:
+            return self.lam * rag_theta_term(q_theta, log_p_phi)
+        return self.lam * bilevel_correction(q_theta, log_p_phi, self.log_p_z[k : k + 1])
+
+
+def generation_tis(batch: RoundBatch, i: int, old: torch.Tensor, completion_mask: torch.Tensor, cap: float):
+    """min(cap, pi_old / pi_behaviour) per generated token of record i, 1 elsewhere; (T',), plus |log diff|."""
+    record = batch.records[i]
+    generated = completion_mask.bool()
+    behaviour = torch.tensor([lp for t in record.turns for lp in t.generated_logprobs], dtype=old.dtype)
+    weights = torch.ones_like(old)
+    diff = old[generated] - behaviour
+    weights[generated] = diff.exp().clamp(max=cap)
+    abs_diff = torch.zeros_like(old)
+    abs_diff[generated] = diff.abs()
+    return weights, abs_diff
 
 
 def policy_step(
@@ -124,33 +182,51 @@ def policy_step(
     *,
     sequence_weights: torch.Tensor | None,
     coupling: Coupling | None,
-    optimizer: torch.optim.Optimizer,
+    optimizer: TrainOptimizer,
 ) -> dict[str, float]:
-    """One step on f's theta-part (+ lambda x the bilevel correction), one sequence at a time for memory."""
+    """One step on f's theta-part (+ the coupling term), one sequence at a time for memory.
+
+    The first step of a round runs at theta_old, so its own log-probs (detached) become the old log-probs of
+    GRPO's ratio for every later step: no extra forward pass, and the ratio is exactly 1 there."""
     optimizer.zero_grad()
-    stats = {"loss/policy": 0.0, "kl/mean": 0.0, "clip_ratio/mean": 0.0}
+    keys = ("loss/policy", "kl/mean", "clip_ratio/mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
+    stats = dict.fromkeys(keys, 0.0)
     records = batch.records
+    if batch.old_logps is None:
+        batch.old_logps, batch.tis_weights = [None] * len(records), [None] * len(records)
     valid = [i for i, r in enumerate(records) if any(t.generated_ids for t in r.turns)]
+    tis_sum, tis_clipped, abs_diff_sum, generated_total = 0.0, 0.0, 0.0, 0.0
     for i in valid:
         record = records[i]
         ids, mask = record.token_ids, record.generated_mask
         start = mask.index(1)
-        completion_mask = torch.tensor(mask[start:], dtype=torch.float32)[None]  # (1, T')
-        old = torch.zeros_like(completion_mask)
-        old[0, completion_mask[0].bool()] = torch.tensor([lp for t in record.turns for lp in t.generated_logprobs])
-        logps = policy.token_logps(ids, start)[None]  # (1, T')
-        ref = policy.token_logps(ids, start, reference=True)[None] if cfg.beta else None
+        completion_mask = torch.tensor(mask[start:], dtype=torch.float32)  # (T',)
+        logps = policy.token_logps(ids, start, temperature=batch.temperature(i))  # (T',)
+        if batch.old_logps[i] is None:
+            batch.old_logps[i] = logps.detach()
+            batch.tis_weights[i], abs_diff = generation_tis(batch, i, batch.old_logps[i], completion_mask, cfg.tis_cap)
+            tis_sum += float((batch.tis_weights[i] * completion_mask).sum())
+            tis_clipped += float(((batch.tis_weights[i] >= cfg.tis_cap).float() * completion_mask).sum())
+            abs_diff_sum += float(abs_diff.sum())
+            generated_total += float(completion_mask.sum())
+        ref = None
+        if cfg.beta:
+            ref = policy.token_logps(ids, start, reference=True, temperature=batch.temperature(i))[None]
         weights = None if sequence_weights is None else sequence_weights[i : i + 1]
         loss, st = grpo_loss(
-            logps, old, batch.advantages[i : i + 1], completion_mask,
+            logps[None], batch.old_logps[i][None], batch.advantages[i : i + 1], completion_mask[None],
             eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta, ref_logps=ref, sequence_weights=weights,
+            tis_weights=batch.tis_weights[i][None],
         )  # fmt: skip
         (loss / len(valid)).backward()
         for key in stats:
             stats[key] += st[key] / len(valid)
+    if generated_total:
+        stats.update({"tis/mean": tis_sum / generated_total, "tis/clip_frac": tis_clipped / generated_total,
+                      "mismatch/logp_abs_mean": abs_diff_sum / generated_total})  # fmt: skip
     if coupling is not None and coupling.q_samples:
-        lam, samples = coupling.lam, coupling.q_samples
-        correction_total = 0.0
+        samples = coupling.q_samples
+        coupling_total = 0.0
         for k, q in enumerate(samples):
             # Chain rule by hand: d(term)/d(answer log-probs) is cheap and exact; then each candidate's
             # sequence is back-propagated alone, so memory stays at one sequence, as for the GRPO term.
@@ -158,25 +234,26 @@ def policy_step(
                 answer_lp = answer_logprobs(policy, q)  # (M_q,)
             answer_lp.requires_grad_(True)
             q_theta = q_target(answer_lp, cfg.beta_q, prior(q, cfg))[None]  # (1, M_q)
-            term = lam * bilevel_correction(q_theta, coupling.log_p_phi[k : k + 1], coupling.log_p_z[k : k + 1])
-            term = term / len(samples)
+            term = coupling.term(q_theta, k) / len(samples)
             (d_term,) = torch.autograd.grad(term, answer_lp)
             for d, context in enumerate(q.context_ids):
                 policy.answer_logprob(context, q.answer_ids).backward(d_term[d])
-            correction_total += float(term.detach())
-        stats["loss/bilevel_correction"] = correction_total
-    optimizer.step()
+            coupling_total += float(term.detach())
+        stats["loss/coupling"] = coupling_total
+    stats["grad_norm/policy"] = optimizer.step()
+    stats["lr/policy"] = optimizer.adam.param_groups[0]["lr"]
     return stats
 
 
 def reweight(retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig) -> torch.Tensor:
-    """Clipped prod_t P_phi(D_t) / P_phi_old(D_t) per trajectory: logged rollouts seen by the adapted retriever."""
+    """Clipped prod_t P_phi(D_t) / P_phi_old(D_t) per trajectory: logged rollouts seen by the adapted retriever.
+    Both are the trainer's own scores (`score_old_retrieval`), so the ratio is exactly 1 where phi did not move."""
     log_ratio = torch.zeros(len(batch.records))
     with torch.no_grad():
         for lp, search in zip(candidate_logps(retriever.query, retriever, batch), batch.searches, strict=True):
-            if search.behaviour_logprob is None:
+            if search.old_logprob is None:
                 continue
-            log_ratio[search.trajectory] += plackett_luce_logprob(lp, search.chosen) - search.behaviour_logprob
+            log_ratio[search.trajectory] += plackett_luce_logprob(lp, search.chosen) - search.old_logprob
     return log_ratio.exp().clamp(max=cfg.weight_clip)
 
 
@@ -191,43 +268,51 @@ def upper_phi_loss(
     phi: SentenceEncoder, retriever: RetrieverModel, batch: RoundBatch, q_theta: torch.Tensor, cfg, lam: float
 ) -> torch.Tensor:
     """f_phi / lambda + g(phi; theta): the retriever's objective when it adapts to the policy."""
-    return retrieval_credit(phi, retriever, batch) / lam + lower_loss(phi, retriever, batch, q_theta, cfg)
+    return retrieval_credit(phi, retriever, batch, cfg.tis_cap) / lam + lower_loss(phi, retriever, batch, q_theta, cfg)
+
+
+def timed_q(policy: PolicyModel, batch: RoundBatch, cfg: AlgoConfig, stats: dict[str, float]) -> torch.Tensor:
+    """Q_theta, its time added to `time/q_s` (Q_theta's share of the round is reported from it)."""
+    started = time.perf_counter()
+    q_theta = compute_q(policy, batch, cfg)
+    stats["time/q_s"] = stats.get("time/q_s", 0.0) + time.perf_counter() - started
+    return q_theta
 
 
 def retriever_phase(
-    policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float
-) -> tuple[dict[str, float], Coupling | None]:
-    """Steps 1-2 (retriever FIRST): Q_theta, z on g (bridge), then phi on f_phi / lambda + g. Returns the stats
-    (with `time/q_s`) and, for bridge, what the policy step's correction needs."""
+    policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float,
+    optim: RoundOptimizers,
+) -> tuple[dict[str, float], Coupling | None]:  # fmt: skip
+    """Steps 1-2 (retriever FIRST): Q_theta, z on g (two-state), then phi on f_phi / lambda + g. Returns the stats
+    and, for the bridge estimators with a coupling term (drop, two-state), what the policy step needs."""
     stats: dict[str, float] = {}
     phi = retriever.query
-    q_started = time.perf_counter()
-    q_theta = compute_q(policy, batch, cfg)
-    stats["time/q_s"] = time.perf_counter() - q_started
+    q_theta = timed_q(policy, batch, cfg, stats)
     z = None
-    if cfg.algo == "bridge":
+    if cfg.uses_z:
         z = retriever.copy_query()
-        stats["loss/lower_z"] = descend(
-            list(z.parameters()), lambda: lower_loss(z, retriever, batch, q_theta, cfg),
-            cfg.retriever_steps, cfg.retriever_lr,
+        stats["loss/lower_z"], stats["grad_norm/z"] = descend(
+            optim.get("z", retriever.trainable(z)), lambda: lower_loss(z, retriever, batch, q_theta, cfg),
+            cfg.retriever_steps,
         )  # fmt: skip
-    stats["loss/retriever"] = descend(
-        list(phi.parameters()), lambda: upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam),
-        cfg.retriever_steps, cfg.retriever_lr,
+    stats["loss/retriever"], stats["grad_norm/retriever"] = descend(
+        optim.get("phi", retriever.trainable(phi)), lambda: upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam),
+        cfg.retriever_steps,
     )  # fmt: skip
-    if z is None or not batch.q_samples:
+    if cfg.algo != "bridge" or cfg.estimator == "bridge" or not batch.q_samples:
         return stats, None
     with torch.no_grad():
         log_p_phi = subset_logps(candidate_logps(phi, retriever, batch), batch)
-        log_p_z = subset_logps(candidate_logps(z, retriever, batch), batch)
+        log_p_z = subset_logps(candidate_logps(z, retriever, batch), batch) if z is not None else None
     return stats, Coupling(lam, batch.q_samples, log_p_phi, log_p_z)
 
 
 def policy_phase(
-    policy: PolicyModel, batch: RoundBatch, cfg: AlgoConfig, *, weights: torch.Tensor | None, coupling: Coupling | None
-) -> dict[str, float]:
-    """Step 3: `policy_steps` steps on theta over `batch`'s rollouts (+ the correction on `coupling`'s samples)."""
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr)
+    policy: PolicyModel, batch: RoundBatch, cfg: AlgoConfig, *, weights: torch.Tensor | None,
+    coupling: Coupling | None, optim: RoundOptimizers,
+) -> dict[str, float]:  # fmt: skip
+    """Step 3: `policy_steps` steps on theta over `batch`'s rollouts (+ the coupling term on its samples)."""
+    optimizer = optim.get("policy", policy.parameters())
     stats: dict[str, float] = {}
     for _ in range(cfg.policy_steps):
         stats.update(policy_step(policy, batch, cfg, sequence_weights=weights, coupling=coupling, optimizer=optimizer))
@@ -242,67 +327,76 @@ def finish(stats: dict[str, float], cfg: AlgoConfig, lam: float, elapsed: float)
     stats["time/round_s"] = elapsed
     stats["time/q_share"] = q_seconds / elapsed if elapsed else 0.0
     stats["lambda"] = lam
-    stats["lambda_next"] = min(lam + cfg.lambda_step, cfg.lambda_max) if cfg.algo == "bridge" else lam
+    stats["lambda_next"] = cfg.next_lambda(lam)
     return stats
 
 
 def train_round(
-    policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float
-) -> dict[str, float]:
-    """The whole round on one batch of logged rollouts (`policy_rollouts="reweighted"`)."""
+    policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float,
+    optim: RoundOptimizers | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """The whole round on one batch of logged rollouts (`policy_rollouts="reweighted"`). `optim` carries the
+    optimizers' state from round to round (a new one starts them fresh)."""
     torch.manual_seed(cfg.seed)
+    optim = optim or RoundOptimizers(cfg)
     started = time.perf_counter()
     stats: dict[str, float] = {}
     phi = retriever.query
+    if cfg.updates_retriever:
+        stats.update(score_old_retrieval(retriever, batch, cfg.tis_cap))
 
     coupling = None
     if cfg.algo in ("bridge", "alt-rp", "retriever-only"):
-        phase_stats, coupling = retriever_phase(policy, retriever, batch, cfg, lam)
+        phase_stats, coupling = retriever_phase(policy, retriever, batch, cfg, lam, optim)
         stats.update(phase_stats)
 
     if cfg.algo in ("bridge", "alt-rp", "search-r1"):
         reweighted = cfg.updates_retriever  # the policy step sees the adapted retriever through the ratio
         weights = combine(reweight(retriever, batch, cfg) if reweighted else None, batch.sequence_weights)
-        stats.update(policy_phase(policy, batch, cfg, weights=weights, coupling=coupling))
+        stats.update(policy_phase(policy, batch, cfg, weights=weights, coupling=coupling, optim=optim))
 
     if cfg.algo == "alt-pr":
-        stats.update(policy_phase(policy, batch, cfg, weights=batch.sequence_weights, coupling=None))
-        q_started = time.perf_counter()
-        q_theta = compute_q(policy, batch, cfg)  # the retriever adapts to the UPDATED policy
-        stats["time/q_s"] = time.perf_counter() - q_started
-        stats["loss/retriever"] = descend(
-            list(phi.parameters()), lambda: upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam),
-            cfg.retriever_steps, cfg.retriever_lr,
+        stats.update(policy_phase(policy, batch, cfg, weights=batch.sequence_weights, coupling=None, optim=optim))
+        q_theta = timed_q(policy, batch, cfg, stats)  # the retriever adapts to the UPDATED policy
+        stats["loss/retriever"], stats["grad_norm/retriever"] = descend(
+            optim.get("phi", retriever.trainable(phi)),
+            lambda: upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam), cfg.retriever_steps,
         )  # fmt: skip
 
     if cfg.algo == "joint":
-        q_started = time.perf_counter()
-        q_theta = compute_q(policy, batch, cfg)
-        stats["time/q_s"] = time.perf_counter() - q_started
-        retriever_optimizer = torch.optim.Adam(list(phi.parameters()), lr=cfg.retriever_lr)
-        retriever_optimizer.zero_grad()
-        retriever_loss = upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam)
+        # One simultaneous step on f + g: both gradients at the same (theta, phi), then both steps.
+        q_theta = timed_q(policy, batch, cfg, stats)
+        phi_optimizer = optim.get("phi", retriever.trainable(phi))
+        phi_optimizer.zero_grad()
+        retriever_loss = upper_phi_loss(phi, retriever, batch, q_theta, cfg, 1.0)  # f_phi + g
         if retriever_loss.requires_grad:
             retriever_loss.backward()
         stats["loss/retriever"] = float(retriever_loss.detach())
-        # theta steps on its own gradients, phi on its own: one simultaneous step on f + g
-        policy_optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.policy_lr)
-        stats.update(policy_step(policy, batch, cfg, sequence_weights=batch.sequence_weights, coupling=None,
-                                 optimizer=policy_optimizer))  # fmt: skip
-        retriever_optimizer.step()
+        coupling = None
+        if batch.q_samples:
+            with torch.no_grad():
+                log_p_phi = subset_logps(candidate_logps(phi, retriever, batch), batch)
+            coupling = Coupling(1.0, batch.q_samples, log_p_phi)  # theta's share of g: grad_theta g(phi; theta)
+        stats.update(policy_step(policy, batch, cfg, sequence_weights=batch.sequence_weights, coupling=coupling,
+                                 optimizer=optim.get("policy", policy.parameters())))  # fmt: skip
+        stats["grad_norm/retriever"] = phi_optimizer.step()
 
     return finish(stats, cfg, lam, time.perf_counter() - started)
 
 
 # ----------------------------------------------------------------------------- fresh rollouts, in two phases
 def train_retriever_phase(
-    policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float
-) -> tuple[dict[str, float], Coupling | None]:
+    policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float,
+    optim: RoundOptimizers | None = None,
+) -> tuple[dict[str, float], Coupling | None]:  # fmt: skip
     """`policy_rollouts="fresh"`, first half: the retriever steps on the round's rollouts; phi is then
     published and rollouts collected again before `train_policy_phase`."""
     torch.manual_seed(cfg.seed)
+    optim = optim or RoundOptimizers(cfg)
     started = time.perf_counter()
-    stats, coupling = retriever_phase(policy, retriever, batch, cfg, lam)
+    stats = score_old_retrieval(retriever, batch, cfg.tis_cap)
+    phase_stats, coupling = retriever_phase(policy, retriever, batch, cfg, lam, optim)
+    stats.update(phase_stats)
     stats["time/round_s"] = time.perf_counter() - started
     return stats, coupling
 
@@ -314,10 +408,12 @@ def train_policy_phase(
     lam: float,
     coupling: Coupling | None,
     retriever_stats: dict[str, float],
+    optim: RoundOptimizers | None = None,
 ) -> dict[str, float]:
     """Second half: GRPO on rollouts drawn through the adapted retriever (weights 1: they ARE on phi), the
-    correction on the first collection's Q samples where z and phi were fit. Returns the whole round's stats."""
+    coupling term on the first collection's Q samples where phi (and z) were fit. Returns the round's stats."""
     torch.manual_seed(cfg.seed + 1)
+    optim = optim or RoundOptimizers(cfg)
     started = time.perf_counter()
-    stats = {**retriever_stats, **policy_phase(policy, fresh, cfg, weights=None, coupling=coupling)}
+    stats = {**retriever_stats, **policy_phase(policy, fresh, cfg, weights=None, coupling=coupling, optim=optim)}
     return finish(stats, cfg, lam, stats.pop("time/round_s") + time.perf_counter() - started)

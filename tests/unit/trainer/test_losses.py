@@ -53,9 +53,26 @@ def test_grpo_clipping_and_fully_masked_sequences():
     loss, stats = grpo_loss(logps, old, torch.tensor([1.0]), torch.ones(1, 2))
     # ratio (2, 0.5), positive advantage: min(r, clip(r)) = (1.2, 0.5) -> loss -(1.2 + 0.5)/2
     assert float(loss) == pytest.approx(-0.85)
-    assert stats["clip_ratio/mean"] == pytest.approx(1.0)
+    # Only the first token is clipped (its gradient is cut); at 0.5 with A > 0 the min keeps the ratio itself.
+    assert stats["clip_ratio/mean"] == pytest.approx(0.5)
+    assert stats["clip_ratio/high_mean"] == pytest.approx(0.5) and stats["clip_ratio/low_mean"] == 0.0
+    _, negative = grpo_loss(logps, old, torch.tensor([-1.0]), torch.ones(1, 2))
+    assert negative["clip_ratio/low_mean"] == pytest.approx(0.5) and negative["clip_ratio/high_mean"] == 0.0
     empty, _ = grpo_loss(logps, old, torch.tensor([1.0]), torch.zeros(1, 2))
     assert float(empty) == 0.0 and float(masked_mean(torch.ones(2), torch.zeros(2))) == 0.0
+
+
+def test_truncated_importance_weights_scale_the_surrogate_once():
+    # Ratio 1 (old = current), A = 1, engine log-probs log(1.5) below the trainer's: each token's surrogate is
+    # 1 * 1.5, so the loss is -1.5; a second application (weights on top of a ratio against the engine) would
+    # give -2.25 before clipping.
+    logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    behaviour = logps.detach() - math.log(1.5)
+    tis = torch.exp(logps.detach() - behaviour).clamp(max=2.0)
+    loss, _ = grpo_loss(logps, logps.detach(), torch.tensor([1.0]), torch.ones(1, 2), tis_weights=tis)
+    assert float(loss) == pytest.approx(-1.5)
+    loss.backward()
+    assert torch.allclose(logps.grad, torch.tensor([[-0.75, -0.75]]))  # -A * w * ratio / n_tokens
 
 
 def test_grpo_kl_to_reference_is_zero_at_the_reference():

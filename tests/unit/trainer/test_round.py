@@ -91,8 +91,8 @@ def test_round_moves_the_right_parts(base_dirs, algo):
     assert all(math.isfinite(v) for v in stats.values()), stats
     assert moved(before_policy, policy.parameters()) == cfg.updates_policy
     assert moved(before_retriever, list(retriever.query.parameters())) == cfg.updates_retriever
-    if algo == "bridge":
-        assert "loss/bilevel_correction" in stats and stats["lambda_next"] == 1.5
+    if algo == "bridge":  # the paper's estimator: no coupling term, no second retriever state
+        assert "loss/coupling" not in stats and "loss/lower_z" not in stats and stats["lambda_next"] == 1.5
 
 
 def test_fresh_round_in_two_halves(base_dirs):
@@ -102,7 +102,7 @@ def test_fresh_round_in_two_halves(base_dirs):
     torch.manual_seed(0)
     policy = PolicyModel(policy_dir, None, rank=4, alpha=8)
     retriever = RetrieverModel(retriever_dir, None)
-    cfg = AlgoConfig(algo="bridge", policy_rollouts="fresh", group_size=2, q_steps=2, q_candidates=3,
+    cfg = AlgoConfig(algo="bridge", estimator="two-state", policy_rollouts="fresh", group_size=2, q_steps=2, q_candidates=3,
                      retriever_steps=2, policy_lr=1e-3, retriever_lr=1e-4)  # fmt: skip
     first = build_batch(make_records(policy, retriever), cfg, policy.tokenizer, DOCS)
     before_policy, before_retriever = snapshot(policy.parameters()), snapshot(retriever.query.parameters())
@@ -122,6 +122,6 @@ def test_fresh_round_in_two_halves(base_dirs):
     assert moved(before_policy, policy.parameters())
     assert all(math.isfinite(v) for v in stats.values()), stats
     assert "weights/mean" not in stats  # fresh rollouts are on the adapted retriever: no re-weighting
-    assert stats["loss/bilevel_correction"] != 0.0 and stats["loss/retriever"] == retriever_stats["loss/retriever"]
+    assert stats["loss/coupling"] != 0.0 and stats["loss/retriever"] == retriever_stats["loss/retriever"]
     assert stats["lambda"] == 2.0 and stats["lambda_next"] == 2.5
     assert stats["time/round_s"] >= retriever_stats["time/round_s"] and 0 < stats["time/q_share"] < 1
