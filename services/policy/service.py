@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from services.common.answers import exact_match, f1_score
+from services.common.answers import exact_match, f1_score, reward_for, trajectory_text
 from services.common.clients.retriever import AsyncRetrieverClient, ServiceError
 from services.common.errors import UpstreamUnavailable
 from services.common.schemas.agent_events import AnswerEvent, DoneEvent, StartEvent
@@ -223,9 +223,12 @@ class PolicyService:
         )
         records = []
         for record, _ in results:
-            record.em = exact_match(record.answer, record.golden_answers or [])
-            record.f1 = f1_score(record.answer, record.golden_answers or [])
-            record.reward = record.em
+            gold = record.golden_answers or []
+            record.em = exact_match(record.answer, gold)
+            record.f1 = f1_score(record.answer, gold)
+            text = trajectory_text(record, self.engine.tokenizer) if request.reward == "em-format" else ""
+            record.reward = reward_for(request.reward, text, record.answer, gold)
+            record.reward_kind = request.reward
             records.append(record)
         await self.store.append(records)
         return RolloutResponse(
@@ -235,6 +238,7 @@ class PolicyService:
                     item_id=r.item_id or "",
                     answer=r.answer,
                     reward=r.reward or 0.0,
+                    reward_kind=request.reward,
                     em=r.em or 0.0,
                     f1=r.f1 or 0.0,
                     policy_version=r.policy_version,
@@ -251,6 +255,7 @@ class PolicyService:
             record.em = exact_match(record.answer, request.golden_answers)
             record.f1 = f1_score(record.answer, request.golden_answers)
             record.reward = record.em
+            record.reward_kind = "em"
         else:
             record.reward = request.reward
         await self.store.set_reward(record)

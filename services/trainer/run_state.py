@@ -29,6 +29,12 @@ class RunConfig(BaseModel):
     retrieval_temperature: float = Field(0.05, gt=0)
     candidates: int = Field(20, ge=2, le=200)
     top_k: int = Field(3, ge=1, le=10)
+    reward: Literal["em", "f1", "em-format"] = Field(
+        "em",
+        description="Training reward of a rollout: em (exact match, the paper's), f1 (token F1, as ReSearch and "
+        "R1-Searcher) or em-format (Search-R1's qa_em_format: 0.2 for a well-formed trajectory, 1 only for a "
+        "correct answer). Evaluation reports EM and F1 whatever this is.",
+    )
     algo: AlgoConfig
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ class Strict(BaseModel):
 
 
 AgentMode = Literal["agent", "naive-rag", "direct"]
+RewardKind = Literal["em", "f1", "em-format"]
 
 
 class AgentQueryRequest(Strict):
@@ -75,6 +76,11 @@ class RolloutRequest(Strict):
     candidates: int = Field(20, ge=1, le=200, description="M for sampled retrieval.")
     retrieval_temperature: float = Field(0.05, gt=0.0, le=100.0)
     run_id: Annotated[str, StringConstraints(max_length=128)] | None = None
+    reward: RewardKind = Field(
+        "em",
+        description="em: exact match (the paper's); f1: token F1 (ReSearch, R1-Searcher); em-format: Search-R1's "
+        "qa_em_format (0.2 for a well-formed trajectory, full credit only for a correct answer).",
+    )
 
     @model_validator(mode="after")
     def _bounded_total(self) -> RolloutRequest:
@@ -90,6 +96,7 @@ class RolloutSummary(BaseModel):
     item_id: str
     answer: str | None
     reward: float
+    reward_kind: RewardKind = "em"
     em: float
     f1: float
     policy_version: str
@@ -158,6 +165,7 @@ class TrajectoryRecord(BaseModel):
     policy_version: str
     retriever_version: str
     reward: float | None = None
+    reward_kind: RewardKind | None = Field(None, description="How `reward` was scored (em, f1, em-format).")
     em: float | None = None
     f1: float | None = None
     sampling: dict[str, float | int | None] = Field(default_factory=dict)
