@@ -9,6 +9,7 @@ block (or Ctrl-C / SIGTERM on `bridge-rl up`) stops them in reverse order.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import signal
 import socket
@@ -21,6 +22,8 @@ from pathlib import Path
 import httpx
 
 from services.common.settings import CommonSettings
+
+log = logging.getLogger(__name__)
 
 
 def _answers(url: str) -> bool:
@@ -44,6 +47,7 @@ class Stack:
     settings: CommonSettings
     policy_port: int = 8000
     retriever_port: int = 8001
+    console_port: int = 8002
     engine: str = "vllm"
     processes: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     redis_url: str = ""
@@ -60,6 +64,10 @@ class Stack:
     def retriever_url(self) -> str:
         return f"http://127.0.0.1:{self.retriever_port}"
 
+    @property
+    def console_url(self) -> str:
+        return f"http://127.0.0.1:{self.console_port}"
+
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
@@ -70,6 +78,10 @@ class Stack:
             "BRIDGE_POLICY_ENGINE": os.environ.get("BRIDGE_POLICY_ENGINE", self.engine),
             "BRIDGE_TRAINER_POLICY_URL": self.policy_url,
             "BRIDGE_TRAINER_RETRIEVER_URL": self.retriever_url,
+            "BRIDGE_CONSOLE_POLICY_URL": self.policy_url,
+            "BRIDGE_CONSOLE_RETRIEVER_URL": self.retriever_url,
+            "BRIDGE_CONSOLE_TRAINER_URL": f"http://127.0.0.1:{os.environ.get('BRIDGE_TRAINER_METRICS_PORT', '9108')}",
+            "BRIDGE_CONSOLE_TRAINER_QUEUE": os.environ.get("BRIDGE_TRAINER_QUEUE", "bridge"),
         }
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
@@ -122,6 +134,11 @@ class Stack:
         policy = self._spawn("policy", [*cli, "serve", "policy", "--port", str(self.policy_port)])
         self._wait("policy", policy, self.policy_url + "/readyz", 1200)
         self._spawn("worker", [*cli, "worker"])
+        console = self._spawn("console", [*cli, "serve", "console", "--port", str(self.console_port)])
+        try:
+            self._wait("console", console, self.console_url + "/readyz", 60)
+        except (RuntimeError, TimeoutError) as exc:  # the console is a window on the stack, not part of it
+            log.warning("web console not started (%s); everything else runs", exc)
 
     def stop(self) -> None:
         for _name, process in reversed(self.processes):

@@ -68,6 +68,7 @@ class AgentModeName(StrEnum):
 class ServiceName(StrEnum):
     retriever = "retriever"
     policy = "policy"
+    console = "console"
 
 
 def _echo_json(data: object) -> None:
@@ -90,7 +91,7 @@ def prepare(
 def serve(
     service: Annotated[ServiceName, typer.Argument(help="Which service to run.")],
     host: Annotated[str | None, typer.Option(help="Bind address (default from settings).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default: policy 8000, retriever 8001).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: policy 8000, retriever 8001, console 8002).")] = None,
 ) -> None:
     """Run one service in the foreground with uvicorn (settings from BRIDGE_* variables)."""
     import uvicorn
@@ -101,6 +102,11 @@ def serve(
         from services.retriever.settings import RetrieverSettings
 
         settings = RetrieverSettings()
+    elif service is ServiceName.console:
+        from services.console.app import build_app
+        from services.console.settings import ConsoleSettings
+
+        settings = ConsoleSettings()
     else:
         from services.policy.app import build_app
         from services.policy.settings import PolicySettings
@@ -414,7 +420,7 @@ def evaluate(
         raise typer.Exit(1)
 
 
-def _stack(policy_port: int, retriever_port: int, engine: str):
+def _stack(policy_port: int, retriever_port: int, engine: str, console_port: int = 8002):
     from services.cli.launcher import Stack
     from services.cli.prepare import prepare_all
     from services.common.settings import CommonSettings
@@ -422,7 +428,8 @@ def _stack(policy_port: int, retriever_port: int, engine: str):
     settings = CommonSettings()
     for label, outcome in prepare_all(settings).items():
         typer.echo(f"{label}: {outcome}")
-    return Stack(settings, policy_port=policy_port, retriever_port=retriever_port, engine=engine)
+    return Stack(settings, policy_port=policy_port, retriever_port=retriever_port, engine=engine,
+                 console_port=console_port)  # fmt: skip
 
 
 class EngineName(StrEnum):
@@ -437,6 +444,7 @@ def up(
     engine: Annotated[EngineName, typer.Option(help="LLM engine (transformers where vLLM can't run).")] = (
         EngineName.vllm
     ),
+    console_port: Annotated[int, typer.Option(help="Web console port.")] = 8002,
 ) -> None:
     """Start everything on this machine (Redis, retriever + Qdrant, vLLM + policy, a worker) until Ctrl-C."""
     import signal
@@ -446,8 +454,9 @@ def up(
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with _stack(policy_port, retriever_port, engine.value) as stack:
+    with _stack(policy_port, retriever_port, engine.value, console_port) as stack:
         ensure_demo_corpus(stack)
+        typer.echo(f"console   {stack.console_url}   (the web console: ask, trajectories, runs, checkpoints, health)")
         typer.echo(f"policy    {stack.policy_url}   (try: bridge-rl ask 'Who wrote Hamlet?')")
         typer.echo(f"retriever {stack.retriever_url}")
         typer.echo(f"redis     {stack.redis_url}")
@@ -500,10 +509,17 @@ def checkpoints_list(url: URL = "http://127.0.0.1:8001") -> None:
 def checkpoints_register(
     path: Annotated[str, typer.Argument(help="Folder under the checkpoint root.")],
     url: URL = "http://127.0.0.1:8001",
+    strict_lineage: Annotated[
+        bool, typer.Option(help="Refuse it when its parent version is not registered on this service.")
+    ] = False,
 ) -> None:
-    """Verify (sha256 of every file) and register a checkpoint folder."""
+    """Verify (sha256 of every file) and register a checkpoint folder. A parent version this service has never
+    seen is kept as lineage metadata (the answer says so), unless --strict-lineage."""
     with _admin_client(url) as client:
-        _echo_json(client.register(path).model_dump())
+        registered = client.register(path, strict_lineage=strict_lineage)
+    _echo_json(registered.model_dump())
+    for note in registered.notes:
+        typer.echo(f"note: {note}", err=True)
 
 
 @checkpoints_app.command("activate")

@@ -19,7 +19,13 @@ import numpy as np
 
 from services.common.checkpoints import Manifest, load_manifest
 from services.common.errors import Conflict, InvalidRequest, NotFound
-from services.common.schemas.checkpoints import ActivationResponse, CheckpointInfo, CheckpointList, CheckpointState
+from services.common.schemas.checkpoints import (
+    ActivationResponse,
+    CheckpointInfo,
+    CheckpointList,
+    CheckpointState,
+    RegisteredCheckpoint,
+)
 from services.common.schemas.retriever import (
     Candidate,
     Document,
@@ -251,24 +257,34 @@ class RetrieverService:
             ],
         )
 
-    def register(self, path: str) -> Manifest:
+    def register(self, path: str, strict_lineage: bool = False) -> RegisteredCheckpoint:
+        """A parent this deployment has never seen is metadata, not an error (unless `strict_lineage`): a query-only
+        checkpoint then embeds with the base document tower, and the response says so."""
         folder, manifest = load_manifest(self.settings.checkpoint_root, path)
+        parent_known = manifest.parent is None or manifest.parent in self.registry.checkpoints
+        notes = [] if parent_known else [
+            f"parent version {manifest.parent} is not registered here: kept as lineage metadata"
+            + ("" if manifest.kind == "retriever-full" else "; queries are searched in the base document index")
+        ]  # fmt: skip
+        registered = RegisteredCheckpoint(**manifest.model_dump(), parent_known=parent_known, notes=notes)
         if manifest.kind not in ("retriever-query", "retriever-full"):
             raise InvalidRequest(f"a {manifest.kind} checkpoint is not a retriever checkpoint", param="path")
         with self._admin_lock:
             existing = self.registry.checkpoints.get(manifest.version)
             if existing is not None:
                 if existing.path and Path(existing.path) == folder:
-                    return manifest
+                    return registered
                 raise Conflict(f"version {manifest.version} is already registered", param="path")
-            if manifest.parent is not None and manifest.parent not in self.registry.checkpoints:
-                raise InvalidRequest(f"parent version {manifest.parent} is not registered", param="path")
+            if not parent_known and strict_lineage:
+                raise InvalidRequest(
+                    f"parent version {manifest.parent} is not registered (strict lineage was asked)", param="path"
+                )
             # Refuse weights that do not load before registering; keep them loaded for the activation.
             pair = self._encoders_from(folder, manifest)
             doc_tower = (
                 manifest.version
                 if manifest.kind == "retriever-full"
-                else self.registry.checkpoints[manifest.parent or BASE_VERSION].doc_tower
+                else self.registry.checkpoints[(manifest.parent if parent_known else None) or BASE_VERSION].doc_tower
             )
             state, error = self._collection_state(doc_tower)
             self.registry.checkpoints[manifest.version] = RetrieverCheckpoint(
@@ -283,7 +299,7 @@ class RetrieverService:
             )
             self.registry.save(self._registry_path)
             self._loaded[manifest.version] = pair
-        return manifest
+        return registered
 
     def activate(self, version: str) -> ActivationResponse:
         with self._admin_lock:

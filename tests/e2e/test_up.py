@@ -47,7 +47,7 @@ def test_up_serves_trains_and_stops_cleanly(tmp_path, policy_models_root):
     log = (tmp_path / "up.log").open("w")
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "up", "--policy-port", str(policy_port),
-         "--retriever-port", str(retriever_port)],
+         "--retriever-port", str(retriever_port), "--console-port", str(free_port())],
         env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     policy = f"http://127.0.0.1:{policy_port}"

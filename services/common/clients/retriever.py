@@ -6,9 +6,8 @@ from typing import Any
 
 import httpx
 
-from services.common.checkpoints import Manifest
 from services.common.clients.base import ServiceError, SyncServiceClient, _headers, _raise_for, _transient
-from services.common.schemas.checkpoints import ActivationResponse, CheckpointList
+from services.common.schemas.checkpoints import ActivationResponse, CheckpointList, RegisteredCheckpoint
 from services.common.schemas.retriever import (
     Document,
     SearchRequest,
@@ -39,8 +38,9 @@ class RetrieverClient(SyncServiceClient):
     def checkpoints(self) -> CheckpointList:
         return CheckpointList.model_validate(self._call("GET", "/v1/checkpoints"))
 
-    def register(self, path: str) -> Manifest:
-        return Manifest.model_validate(self._call("POST", "/v1/checkpoints", json={"path": path}))
+    def register(self, path: str, strict_lineage: bool = False) -> RegisteredCheckpoint:
+        body = {"path": path, **({"strict_lineage": True} if strict_lineage else {})}  # older services know only path
+        return RegisteredCheckpoint.model_validate(self._call("POST", "/v1/checkpoints", json=body))
 
     def activate(self, version: str) -> ActivationResponse:
         return ActivationResponse.model_validate(self._call("POST", f"/v1/checkpoints/{version}/activate"))
@@ -82,8 +82,9 @@ class AsyncRetrieverClient:
     async def checkpoints(self) -> CheckpointList:
         return CheckpointList.model_validate(await self._call("GET", "/v1/checkpoints"))
 
-    async def register(self, path: str) -> Manifest:
-        return Manifest.model_validate(await self._call("POST", "/v1/checkpoints", json={"path": path}))
+    async def register(self, path: str, strict_lineage: bool = False) -> RegisteredCheckpoint:
+        body = {"path": path, **({"strict_lineage": True} if strict_lineage else {})}  # older services know only path
+        return RegisteredCheckpoint.model_validate(await self._call("POST", "/v1/checkpoints", json=body))
 
     async def activate(self, version: str) -> ActivationResponse:
         return ActivationResponse.model_validate(await self._call("POST", f"/v1/checkpoints/{version}/activate"))

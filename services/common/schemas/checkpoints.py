@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.common.checkpoints import Manifest
+
 # pending: its document collection is not built yet (a new document tower: built when it is activated);
 # embedding: the corpus is being re-embedded for it; ready: it can serve; failed: the re-embed failed (see `error`).
 CheckpointState = Literal["pending", "embedding", "ready", "failed"]
@@ -31,6 +33,18 @@ class RegisterCheckpointRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field(min_length=1, max_length=4_096, description="A folder under the checkpoint root.")
+    strict_lineage: bool = Field(
+        False,
+        description="Refuse a checkpoint whose parent version is not registered here. Off by default: lineage is "
+        "metadata, and a checkpoint from another deployment is still a valid checkpoint.",
+    )
+
+
+class RegisteredCheckpoint(Manifest):
+    """`POST /v1/checkpoints`: the verified manifest, and what this deployment knows of its lineage."""
+
+    parent_known: bool = Field(True, description="False: the parent version is not registered here.")
+    notes: list[str] = Field(default_factory=list, description="What registering it here implied, in words.")
 
 
 class ActivationResponse(BaseModel):

@@ -5,8 +5,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from services.common.checkpoints import Manifest
-from services.common.schemas.checkpoints import ActivationResponse, CheckpointList, RegisterCheckpointRequest
+from services.common.schemas.checkpoints import (
+    ActivationResponse,
+    CheckpointList,
+    RegisterCheckpointRequest,
+    RegisteredCheckpoint,
+)
 from services.retriever.routes.deps import Admin, Service
 
 router = APIRouter(prefix="/v1/checkpoints")
@@ -18,10 +22,12 @@ async def list_checkpoints(service: Service) -> CheckpointList:
     return service.list_checkpoints()
 
 
-@router.post("", response_model=Manifest, dependencies=[Admin])
-async def register_checkpoint(body: RegisterCheckpointRequest, service: Service) -> Manifest:
+@router.post("", response_model=RegisteredCheckpoint, dependencies=[Admin])
+async def register_checkpoint(body: RegisterCheckpointRequest, service: Service) -> RegisteredCheckpoint:
+    """A parent version unknown here is registered as lineage metadata (`parent_known: false`, with a note), unless
+    `strict_lineage` is asked."""
     # Hashing and loading weights takes a while: keep the event loop serving searches meanwhile.
-    return await asyncio.to_thread(service.register, body.path)
+    return await asyncio.to_thread(service.register, body.path, body.strict_lineage)
 
 
 @router.post("/rollback", response_model=ActivationResponse, dependencies=[Admin])

@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from services.console.service import ConsoleService
+
+
+def get_service(request: Request) -> ConsoleService:
+    return request.app.state.service
+
+
+Service = Annotated[ConsoleService, Depends(get_service)]
