@@ -114,6 +114,9 @@ class AgentRunner:
                     "seed": task.seed,
                     "max_turns": max_turns,
                     "retrieval_temperature": retrieval.temperature if retrieval.mode == "sample" else None,
+                    "retrieval_candidates": retrieval.candidates,
+                    "top_k": retrieval.top_k,
+                    "initial_search": int(initial_search),
                 },
                 created_at=time.time(),
             )

@@ -104,9 +104,9 @@ class PolicyService:
     ) -> tuple[TrajectoryRecord, dict[str, float]]:
         [(record, timings)] = await self._run(
             [AgentTask(question=request.question)],
-            temperature=0.0,
+            temperature=self.settings.serve_temperature,
             max_turns=0 if request.mode != "agent" else request.max_turns,
-            retrieval=RetrievalSpec(top_k=request.top_k, candidates=request.top_k),
+            retrieval=self.settings.serve_retrieval_spec(request.top_k),
             sink=sink,
             version=version,
             **_MODES[request.mode],
@@ -219,6 +219,7 @@ class PolicyService:
                 temperature=request.retrieval_temperature,
             ),
             run_id=request.run_id,
+            **({} if request.initial_search is None else {"initial_search": request.initial_search}),
             retrieval_seed=base_seed,
         )
         records = []

@@ -43,6 +43,20 @@ class PolicySettings(CommonSettings):
         description="Retrieve with the question before the first generation. Small models (SmolLM2-135M) "
         "almost never emit <search> on their own; set false for Search-R1's pure protocol on larger models.",
     )
+    serve_temperature: float = Field(
+        0.0,
+        ge=0,
+        le=5,
+        description="Decoding temperature of served queries (/v1/agent/query); 0 is greedy. Live learning from "
+        "served traffic needs exploration: > 0 samples, and the trainer scores each trajectory at its own.",
+    )
+    serve_retrieval: Literal["greedy", "sample"] = Field(
+        "greedy", description="Served queries' retrieval: greedy top-k, or a Plackett-Luce sample (exploration)."
+    )
+    serve_retrieval_candidates: int = Field(20, ge=1, le=200, description="M candidates when serve_retrieval=sample.")
+    serve_retrieval_temperature: float = Field(
+        0.05, gt=0, le=100, description="Retrieval temperature when serve_retrieval=sample."
+    )
     request_timeout_s: float = Field(600, ge=1, description="Cap on one engine call; a hung engine fails cleanly.")
     trajectory_stream: str = "bridge:trajectories"
     feedback_stream: str = "bridge:feedback"
@@ -70,6 +84,15 @@ class PolicySettings(CommonSettings):
             lines = self.api_keys_file.read_text().splitlines()
             keys += [line.split("#", 1)[0].strip() for line in lines]
         return tuple(dict.fromkeys(k for k in keys if k))
+
+    def serve_retrieval_spec(self, top_k: int):
+        """How a served query retrieves (recorded in its trajectory, so the trainer never assumes it)."""
+        from services.policy.agent import RetrievalSpec
+
+        if self.serve_retrieval == "greedy":
+            return RetrievalSpec(top_k=top_k, candidates=top_k)
+        return RetrievalSpec(top_k=top_k, mode="sample", candidates=max(top_k, self.serve_retrieval_candidates),
+                             temperature=self.serve_retrieval_temperature)  # fmt: skip
 
     @property
     def resolved_model_dir(self) -> str:

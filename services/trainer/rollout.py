@@ -56,6 +56,7 @@ def request_rollouts(
         candidates=config.candidates,
         retrieval_temperature=config.retrieval_temperature,
         run_id=rollout_tag(config.run_id, round_index, collection),
+        initial_search=config.initial_search,
         reward=config.reward,
     )
     return [t.trajectory_id for t in client.rollouts(request).trajectories]

@@ -7,35 +7,47 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.checkpoints import write_json_atomic
 from services.trainer.algo.config import AlgoConfig
 
 
 class RunConfig(BaseModel):
-    run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-    dataset: str
-    rounds: int = Field(ge=1, le=10_000)
-    questions_per_round: int = Field(ge=1, le=64)
+    """Everything that shapes a training run: one TOML file (`bridge-rl train --print-config` writes the
+    defaults), validated here, saved into the run folder and into every checkpoint's manifest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", description="Name of the run (default: generated)."
+    )
+    dataset: str = Field("hotpotqa", description="Questions: <BRIDGE_TRAINER_QA_DIR>/<dataset>.jsonl.")
+    rounds: int = Field(2, ge=1, le=10_000, description="Rounds (each publishes retriever, then policy).")
+    questions_per_round: int = Field(4, ge=1, le=64, description="Questions per round (x group_size rollouts).")
     source: Literal["dataset", "live"] = Field(
         "dataset", description="dataset: rollouts on training questions; live: served trajectories with feedback."
     )
     live_batch: int = Field(8, ge=1, le=512, description="Live: rewarded trajectories per round.")
     max_staleness: int = Field(2, ge=0, le=100, description="Live: how many policy versions old a trajectory may be.")
     baseline_decay: float = Field(0.9, ge=0, lt=1, description="Live: EMA decay of the running reward baseline.")
-    max_turns: int = Field(2, ge=0, le=8)
-    rollout_temperature: float = Field(1.0, gt=0)
-    retrieval_temperature: float = Field(0.05, gt=0)
-    candidates: int = Field(20, ge=2, le=200)
-    top_k: int = Field(3, ge=1, le=10)
+    max_turns: int = Field(2, ge=0, le=8, description="Searches per rollout before the final answer turn.")
+    rollout_temperature: float = Field(1.0, gt=0, description="Decoding temperature of rollouts.")
+    retrieval_temperature: float = Field(0.05, gt=0, description="Rollouts' retrieval: softmax(score / T) over M.")
+    candidates: int = Field(20, ge=2, le=200, description="M: candidates a rollout's retrieval samples from.")
+    top_k: int = Field(3, ge=1, le=10, description="Documents shown per search.")
+    initial_search: bool | None = Field(
+        None,
+        description="Rollouts retrieve with the question before the first turn (the serving scaffold for small "
+        "models); null: whatever the policy service is set to (BRIDGE_POLICY_INITIAL_SEARCH).",
+    )
     reward: Literal["em", "f1", "em-format"] = Field(
         "em",
         description="Training reward of a rollout: em (exact match, the paper's), f1 (token F1, as ReSearch and "
         "R1-Searcher) or em-format (Search-R1's qa_em_format: 0.2 for a well-formed trajectory, 1 only for a "
         "correct answer). Evaluation reports EM and F1 whatever this is.",
     )
-    algo: AlgoConfig
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
 
     @model_validator(mode="after")
     def _fresh_needs_questions(self) -> RunConfig:

@@ -19,6 +19,7 @@ from services.trainer.algo.batch import RoundBatch, build_batch
 from services.trainer.algo.optim import RoundOptimizers
 from services.trainer.algo.round import Coupling, train_policy_phase, train_retriever_phase, train_round
 from services.trainer.checkpoint import policy_version, retriever_version, write_policy, write_retriever
+from services.trainer.config_file import to_toml
 from services.trainer.models import PolicyModel, RetrieverModel
 from services.trainer.plan import Phase
 from services.trainer.rollout import (
@@ -55,7 +56,7 @@ def start_run(settings: TrainerSettings, config: RunConfig) -> RunState:
         settings.qa_file(config.dataset)  # fail now, not in a worker, when the dataset is missing
         ensure_group(r, settings.trajectory_stream, config.run_id)
     state = RunState(config=config, lam=config.algo.initial_lambda)
-    write_json_atomic(folder / "config.json", config.model_dump(mode="json"))
+    (folder / "config.toml").write_text(to_toml(config))
     if config.source == "live":  # served trajectories come from whatever policy is live now
         with PolicyClient(settings.policy_url) as client:
             state.initial_policy_version = client.checkpoints().active
@@ -164,7 +165,8 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
     batch = _batch(settings, state, round_index, records, policy)
     items = json.loads((folder / "items.json").read_text())
     root = settings.checkpoint_root
-    meta = {"algorithm": cfg.algo, "round": round_index, "extra": {"run_id": run_id, "config": cfg.model_dump()}}
+    run_config = state.config.model_dump(mode="json")
+    meta = {"algorithm": cfg.algo, "round": round_index, "extra": {"run_id": run_id, "config": run_config}}
     # The optimizers continue from the last published round's state; this round's goes to its own folder,
     # so a retried round starts again from the same state.
     optim = RoundOptimizers(cfg, state.config.rounds, state.optimizer_dir and Path(state.optimizer_dir))

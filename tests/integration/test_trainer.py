@@ -77,14 +77,25 @@ def metrics(stack, run_id: str) -> list[dict]:
 
 def test_two_bridge_rounds_publish_retriever_then_policy(stack):
     retriever, policy = stack["retriever"], stack["policy"]
-    print(train(stack, "--algo", "bridge", "--dataset", "hotpotqa", "--rounds", "2", "--questions-per-round", "4",
-                "--group-size", "2", "--seed", "0", "--max-turns", "1", "--run-id", "it-bridge").stdout)  # fmt: skip
+    print(train(stack, "--algo", "bridge", "--estimator", "two-state", "--dataset", "hotpotqa", "--rounds", "2",
+                "--questions-per-round", "4", "--group-size", "2", "--seed", "0", "--max-turns", "1",
+                "--set", "algo.max_grad_norm=0.5", "--run-id", "it-bridge").stdout)  # fmt: skip
     rows = metrics(stack, "it-bridge")
     assert [r["round"] for r in rows] == [0, 1]
     for row in rows:
         assert row["activated_at"]["retriever"] < row["activated_at"]["policy"]  # retriever FIRST
-        assert row["loss/bilevel_correction"] == row["loss/bilevel_correction"]  # present and not NaN
+        assert row["loss/coupling"] == row["loss/coupling"]  # present and not NaN
+        assert row["grad_norm/policy"] >= 0 and row["tis/mean"] > 0
     assert rows[1]["lambda"] == rows[0]["lambda"] + 0.5
+    # The config (with the --set field) is saved with the run and in every checkpoint; the optimizers' state
+    # after round 0 is what round 1 started from.
+    run_dir = stack["dir"] / "trainer/runs/it-bridge"
+    assert "max_grad_norm = 0.5" in (run_dir / "config.toml").read_text()
+    manifest = json.loads((stack["dir"] / "checkpoints/it-bridge-r1-retriever/manifest.json").read_text())
+    assert manifest["extra"]["config"]["algo"]["estimator"] == "two-state"
+    for name in ("policy", "phi", "z"):
+        assert (run_dir / f"round-0001/optimizer/{name}.safetensors").exists()
+    assert json.loads((run_dir / "state.json").read_text())["optimizer_dir"].endswith("round-0001/optimizer")
     ret = httpx.get(retriever.url + "/v1/checkpoints").json()
     pol = httpx.get(policy.url + "/v1/checkpoints").json()
     assert ret["active"] == "it-bridge-r1-retriever" and ret["previous"] == "it-bridge-r0-retriever"
@@ -114,7 +125,7 @@ def test_live_learning_from_feedback(stack):
     assert state["status"] == "done", state.get("error")
     assert state["reward_baseline"] == pytest.approx(0.5)  # first round: the batch mean
     [row] = metrics(stack, "it-live")
-    assert row["reward/mean"] == pytest.approx(0.5) and row["weights/mean"] > 0
+    assert row["reward/mean"] == pytest.approx(0.5) and row["weights/mean"] > 0 and row["tis/mean"] > 0
     assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == "it-live-r0-policy"
 
 
@@ -123,7 +134,8 @@ def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(st
 
     retriever, policy, env = stack["retriever"], stack["policy"], stack["env"]
     run_id = "it-fresh"
-    train(stack, "--algo", "bridge", "--policy-rollouts", "fresh", "--dataset", "hotpotqa", "--rounds", "1",
+    train(stack, "--algo", "bridge", "--estimator", "two-state", "--policy-rollouts", "fresh", "--dataset",
+          "hotpotqa", "--rounds", "1",
           "--questions-per-round", "2", "--group-size", "2", "--seed", "3", "--max-turns", "1",
           "--run-id", run_id)  # fmt: skip
     new_retriever, new_policy = f"{run_id}-r0-retriever", f"{run_id}-r0-policy"
@@ -133,7 +145,7 @@ def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(st
     assert requested["first"] < activated["retriever"] < requested["fresh"] < activated["policy"]
     assert row["policy_step/rollouts"] == f"{run_id}/r0-fresh" and row["policy_step/trajectories"] == 4
     assert row["fresh/on_adapted_retriever"] == 1.0 and "weights/mean" not in row
-    assert row["loss/bilevel_correction"] == row["loss/bilevel_correction"]  # present and not NaN
+    assert row["loss/coupling"] == row["loss/coupling"]  # present and not NaN
     assert row["retriever_version"] == new_retriever and row["policy_version"] == new_policy
 
     folder = stack["dir"] / f"trainer/runs/{run_id}/round-0000"

@@ -76,6 +76,9 @@ class RolloutRequest(Strict):
     candidates: int = Field(20, ge=1, le=200, description="M for sampled retrieval.")
     retrieval_temperature: float = Field(0.05, gt=0.0, le=100.0)
     run_id: Annotated[str, StringConstraints(max_length=128)] | None = None
+    initial_search: bool | None = Field(
+        None, description="Retrieve with the question before the first turn; null: the service's setting."
+    )
     reward: RewardKind = Field(
         "em",
         description="em: exact match (the paper's); f1: token F1 (ReSearch, R1-Searcher); em-format: Search-R1's "

@@ -69,9 +69,11 @@ class TransformersEngine(Engine):
             else:
                 out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
         generated = out.sequences[0, len(prompt_ids) :].tolist()
-        # Raw log-probs (before temperature), as vLLM reports them.
+        # Log-probs of the distribution sampled from, softmax(logits / T) (vLLM's processed_logprobs; greedy:
+        # the raw ones): the trainer scores each trajectory at its own temperature.
+        scale = spec.temperature if spec.temperature > 0 else 1.0
         logprobs = [
-            float(torch.log_softmax(logits[0].float(), dim=-1)[tok])
+            float(torch.log_softmax(logits[0].float() / scale, dim=-1)[tok])
             for logits, tok in zip(out.logits, generated, strict=True)
         ]
         eos = self.tokenizer.eos_token_id

@@ -37,6 +37,9 @@ class VLLMEngine(Engine):
             "--max-model-len", str(s.max_model_len),
             "--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", str(s.max_loras),
             "--disable-uvicorn-access-log",
+            # Log-probs of softmax(logits / T), the distribution each token was drawn from: the trainer's
+            # importance weights compare its own log-probs at the trajectory's temperature with these.
+            "--logprobs-mode", "processed_logprobs",
             *self._cpu_args(),
             *shlex.split(s.vllm_args),
         ]  # fmt: skip

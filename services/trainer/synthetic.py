@@ -1,0 +1,101 @@
+"""Rollout batches built in-process, without the services, for benches and experiments: real retrieval scores
+(the trainer's own encoder over a question's candidate passages), a Plackett–Luce draw of the shown documents,
+and a real policy sample after them, recorded exactly as the policy service records a trajectory.
+
+`gold_every`: every n-th rollout of a group answers with the gold answer after its sample (so a group's rewards
+differ and GRPO has a signal even where the small policy is never right); rewards are exact match.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from services.common.answers import exact_match, extract_answer
+from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord
+from services.policy.prompt import build_prompt, format_information
+from services.retriever.sampling import gumbel_top_k, plackett_luce_logprob
+from services.trainer.models import PolicyModel, RetrieverModel
+
+DEMO = Path(__file__).resolve().parents[1] / "cli" / "demo"
+
+
+def demo_data() -> tuple[list[dict], dict[str, dict]]:
+    items = [json.loads(line) for line in (DEMO / "hotpotqa_questions.jsonl").open()]
+    corpus = {row["id"]: row for row in map(json.loads, (DEMO / "hotpotqa_corpus.jsonl").open())}
+    return items, corpus
+
+
+def build_rollouts(
+    policy: PolicyModel,
+    retriever: RetrieverModel,
+    items: list[dict],
+    corpus: dict[str, dict],
+    *,
+    group: int = 2,
+    seed: int = 0,
+    distractors: int = 10,
+    shown: int = 3,
+    temperature: float = 0.05,
+    max_new_tokens: int = 64,
+    gold_every: int = 0,
+    progress: bool = False,
+) -> tuple[list[TrajectoryRecord], dict[str, tuple[str, str]]]:
+    """Returns (records, docs) where docs maps every candidate id to (title, text), as `build_batch` wants."""
+    tok, rng = policy.tokenizer, np.random.default_rng(seed)
+    ids_all = sorted(corpus)
+    records: list[TrajectoryRecord] = []
+    for n, item in enumerate(tqdm(items, desc="rollouts", disable=not progress)):
+        extra = [ids_all[i] for i in rng.choice(len(ids_all), distractors, replace=False)]
+        candidates = list(dict.fromkeys(item["metadata"]["context_doc_ids"] + extra))
+        texts = {c: f"{corpus[c]['title']}\n{corpus[c]['text']}" for c in candidates}
+        with torch.no_grad():
+            query = retriever.query([item["question"]])[0]
+            scores = (retriever.doc_vectors(candidates, texts) @ query).numpy()
+        for g in range(group):
+            logits = scores / temperature
+            chosen = gumbel_top_k(logits, shown, rng)
+            prompt = build_prompt(tok, item["question"])
+            prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            docs = [(corpus[candidates[c]]["title"], corpus[candidates[c]]["text"]) for c in chosen]
+            obs_ids = tok(f"<search> {item['question']} </search>" + format_information(docs),
+                          add_special_tokens=False)["input_ids"]  # fmt: skip
+            torch.manual_seed(seed * 1_000_003 + n * 101 + g)
+            with torch.no_grad():
+                sample = policy.model.generate(torch.tensor([prompt_ids + obs_ids]), max_new_tokens=max_new_tokens,
+                                               do_sample=True, top_k=0, top_p=1.0)  # fmt: skip
+            gen_ids = sample[0, len(prompt_ids) + len(obs_ids) :].tolist()
+            if gold_every and g % gold_every == 0:
+                text = tok.decode(gen_ids).split("<answer>")[0]
+                gen_ids = tok(f"{text}<answer> {item['golden_answers'][0]} </answer>",
+                              add_special_tokens=False)["input_ids"]  # fmt: skip
+            text = tok.decode(gen_ids)
+            with torch.no_grad():
+                behaviour = policy.token_logps(prompt_ids + obs_ids + gen_ids, len(prompt_ids) + len(obs_ids))
+            step = SearchStep(
+                turn=0, query=item["question"],
+                candidates=[{"id": c, "score": float(s)} for c, s in zip(candidates, scores, strict=True)],
+                chosen_ids=[candidates[c] for c in chosen], chosen_titles=[d[0] for d in docs],
+                logprob=plackett_luce_logprob(logits, chosen), mode="sample", temperature=temperature,
+                retriever_version="base",
+            )  # fmt: skip
+            answer = extract_answer(text)
+            em = exact_match(answer, item["golden_answers"])
+            records.append(TrajectoryRecord(
+                id=f"{item['id']}-{g}", item_id=str(item["id"]), group_index=g, question=item["question"],
+                golden_answers=item["golden_answers"], prompt=prompt, prompt_ids=prompt_ids,
+                turns=[
+                    TurnRecord(generated_ids=[], generated_logprobs=[], text="", observation_ids=obs_ids, search=step),
+                    TurnRecord(generated_ids=gen_ids, generated_logprobs=behaviour.tolist(), text=text),
+                ],
+                answer=answer, policy_version="base", retriever_version="base", reward=em, em=em,
+                sampling={"temperature": 1.0, "retrieval_temperature": temperature, "top_k": shown},
+                created_at=0.0,
+            ))  # fmt: skip
+    docs = {c: (corpus[c]["title"], corpus[c]["text"]) for r in records for c in
+            (str(x["id"]) for x in r.turns[0].search.candidates)}  # fmt: skip
+    return records, docs
