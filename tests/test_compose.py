@@ -17,7 +17,7 @@ def test_compose_config_is_valid(profile):
     result = subprocess.run([*cmd, "config", "-q"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     services = subprocess.run([*cmd, "config", "--services"], cwd=REPO, capture_output=True, text=True, check=True)
-    expected = {"base", "models", "qdrant", "redis", "retriever", "policy", "vllm", "policy-gpu", "worker"}
+    expected = {"base", "models", "qdrant", "redis", "retriever", "policy", "vllm", "policy-gpu", "worker", "console"}
     assert set(services.stdout.split()) == expected
 
 
