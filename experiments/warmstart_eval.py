@@ -1,0 +1,218 @@
+"""Measure a policy in `agent` mode with the initial-search scaffold off, in-process: the policy service's own
+agent loop (services/policy/agent.py: prompt, stops, <information> formatting, parsing) over a batched
+transformers engine and the retriever service's own code (services.trainer.warmstart.InProcessRetriever).
+
+Reports per dataset: the share of questions that close an <answer>, the share with a well-formed <search>,
+searches per question, the share with a second search, how often the first search copies the question, Search-R1's
+format validity (qa_em_format's is_valid_sequence), recall of the supporting passages over all searches, EM and F1.
+Evaluation refuses questions the warm-start adapter trained on (its manifest lists them).
+
+    python experiments/warmstart_eval.py --model-dir <merged policy> --index-dir .cache/warmstart-data \
+        --qa-dir ../shared/data/qa --out eval-warmstart.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from services.policy.backends.engine import Engine, Generation, SamplingSpec  # noqa: E402
+
+app = typer.Typer(add_completion=False)
+
+
+class BatchedTransformersEngine(Engine):
+    """Greedy transformers generation that batches the concurrent `generate` calls of one agent turn (the agent
+    loop issues them together) into one left-padded `generate`. The tokenizer pads with EOS (= <|im_end|> in
+    SmolLM2), so each row is cut at its first EOS and then at its first stop string."""
+
+    def __init__(self, model_dir: str, batch_size: int = 32) -> None:
+        from transformers import AutoTokenizer
+
+        self.model_dir = model_dir
+        self.batch_size = batch_size
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = None
+        self._pending: list[tuple[list[int], SamplingSpec, asyncio.Future]] = []
+        self._flush_scheduled = False
+
+    async def start(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.bfloat16).eval()
+
+    async def stop(self) -> None:
+        self.model = None
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        raise NotImplementedError("merge adapters first (bridge-rl prepare)")
+
+    async def unload_adapter(self, name: str) -> None:
+        raise NotImplementedError
+
+    async def generate(self, prompt_ids: list[int], spec: SamplingSpec, adapter: str) -> Generation:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt_ids, spec, future))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_later(0.01, lambda: asyncio.ensure_future(self._flush()))
+        return await future
+
+    async def _flush(self) -> None:
+        pending, self._pending, self._flush_scheduled = self._pending, [], False
+        groups: dict[tuple, list] = {}
+        for entry in pending:
+            groups.setdefault((entry[1].max_tokens, entry[1].stop), []).append(entry)
+        for (max_tokens, stop), entries in groups.items():
+            entries.sort(key=lambda e: len(e[0]))
+            for start in range(0, len(entries), self.batch_size):
+                chunk = entries[start : start + self.batch_size]
+                try:
+                    outs = await asyncio.to_thread(self._generate_batch, [e[0] for e in chunk], max_tokens, stop)
+                except Exception as exc:  # handed to every waiting caller
+                    for e in chunk:
+                        e[2].set_exception(exc)
+                    continue
+                for e, out in zip(chunk, outs, strict=True):
+                    e[2].set_result(out)
+
+    def _generate_batch(self, prompts: list[list[int]], max_tokens: int, stop: tuple[str, ...]) -> list[Generation]:
+        import torch
+
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (B, T) left-padded
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # (B, T)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                stop_strings=list(stop),
+                tokenizer=self.tokenizer,
+                pad_token_id=pad,
+            )
+        results = []
+        eos = self.tokenizer.eos_token_id
+        for row in out[:, width:].tolist():
+            ids = row[: row.index(eos)] if eos in row else row
+            finish = "stop" if eos in row else "length"
+            for end in range(1, len(ids) + 1):
+                text = self.tokenizer.decode(ids[:end])
+                if any(text.endswith(s) for s in stop):
+                    ids, finish = ids[:end], "stop"
+                    break
+            results.append(Generation(ids, [0.0] * len(ids), self.tokenizer.decode(ids), finish))
+        return results
+
+
+def _stats(rows: list[dict]) -> dict[str, float]:
+    n = len(rows)
+    recalls = [r["recall"] for r in rows if r["recall"] is not None]
+    mean = lambda key: round(sum(r[key] for r in rows) / n, 4)  # noqa: E731
+    return {
+        "n": n,
+        "answered": mean("answered"),
+        "well_formed_search": mean("well_formed_search"),
+        "searches": mean("searches"),
+        "second_search": mean("second_search"),
+        "copies_question": mean("copies_question"),
+        "valid_format": mean("valid_format"),
+        "recall": round(sum(recalls) / len(recalls), 4) if recalls else None,
+        "em": mean("em"),
+        "f1": mean("f1"),
+    }
+
+
+async def _measure(model_dir: str, index_dir: Path, items, max_turns: int, max_new_tokens: int, batch_size: int):
+    from services.common.answers import exact_match, f1_score, trajectory_text, valid_search_r1_sequence
+    from services.policy.agent import AgentRunner, AgentTask, RetrievalSpec
+    from services.policy.prompt import parse_search
+    from services.trainer.warmstart import InProcessRetriever
+
+    engine = BatchedTransformersEngine(model_dir, batch_size=batch_size)
+    await engine.start()
+    async with InProcessRetriever(index_dir) as retriever:
+        runner = AgentRunner(engine, retriever, max_new_tokens=max_new_tokens, max_model_len=4096)
+        results = await runner.run(
+            [AgentTask(question=i.question, item_id=i.id, golden_answers=i.golden_answers) for i in items],
+            adapter="base",
+            policy_version="measure",
+            temperature=0.0,
+            max_turns=max_turns,
+            retrieval=RetrievalSpec(top_k=3, candidates=3),
+            initial_search=False,
+        )
+    rows = []
+    for item, (record, _) in zip(items, results, strict=True):
+        searches = [t.search for t in record.turns if t.search is not None]
+        shown = {d for s in searches for d in s.chosen_ids}
+        support = item.supporting_doc_ids
+        first_query = searches[0].query if searches else ""
+        rows.append(
+            {
+                "dataset": item.dataset,
+                "id": item.id,
+                "answer": record.answer,
+                "answered": float(record.answer is not None),
+                "well_formed_search": float(any(parse_search(t.text) for t in record.turns)),
+                "searches": len(searches),
+                "second_search": float(len(searches) >= 2),
+                "copies_question": float(first_query.strip().lower() == item.question.strip().lower()),
+                "valid_format": float(valid_search_r1_sequence(trajectory_text(record, engine.tokenizer))),
+                "recall": sum(d in shown for d in support) / len(support) if support else None,
+                "em": exact_match(record.answer, item.golden_answers),
+                "f1": f1_score(record.answer, item.golden_answers),
+                "queries": [s.query for s in searches],
+            }
+        )
+    return rows
+
+
+@app.command()
+def main(
+    model_dir: Annotated[Path, typer.Option(help="HF policy folder (the merged warm start, or the raw base).")],
+    index_dir: Annotated[Path, typer.Option(help="Data dir of the in-process retriever (its index, models).")],
+    qa_dir: Annotated[Path, typer.Option(help="Question files <dataset>.jsonl.")] = REPO.parent / "shared/data/qa",
+    datasets: Annotated[str, typer.Option(help="Comma-separated.")] = "nq,triviaqa,popqa,hotpotqa,2wikimultihopqa",
+    limit: Annotated[int, typer.Option(help="The first N questions of each file (the evaluation split).")] = 100,
+    max_turns: Annotated[int, typer.Option(help="Searches before the final answer turn.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per turn (docs/results.md used 64).")] = 64,
+    batch_size: Annotated[int, typer.Option(help="Rows per generate call.")] = 32,
+    out: Annotated[Path | None, typer.Option(help="Write per-question rows and the summary here (JSON).")] = None,
+) -> None:
+    """Agent mode, scaffold off, greedy: answered share, well-formed searches, EM/F1 per dataset."""
+    from services.eval.datasets import load_items
+    from services.trainer.warmstart import load_shipped_manifest, refuse_trained_questions
+
+    names = [d.strip() for d in datasets.split(",") if d.strip()]
+    items = [i for d in names for i in load_items(qa_dir, d, limit)]
+    manifest = load_shipped_manifest()
+    if manifest is not None:
+        refuse_trained_questions([(i.dataset, i.id) for i in items], manifest)
+    started = time.monotonic()
+    rows = asyncio.run(_measure(str(model_dir), index_dir, items, max_turns, max_new_tokens, batch_size))
+    wall = time.monotonic() - started
+    summary = {d: _stats([r for r in rows if r["dataset"] == d]) for d in names}
+    keys = ("answered", "well_formed_search", "second_search", "copies_question", "em", "f1")
+    summary["mean"] = {k: round(sum(summary[d][k] or 0 for d in names) / len(names), 4) for k in keys}
+    summary["wall_s"] = round(wall, 1)
+    for name, stats in summary.items():
+        typer.echo(f"{name:16} {stats}")
+    if out is not None:
+        out.write_text(json.dumps({"model_dir": str(model_dir), "summary": summary, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    app()

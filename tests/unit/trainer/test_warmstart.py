@@ -1,0 +1,165 @@
+"""The warm start's data: the SFT trajectory (mask = the agent's own tokens, as RL masks them), the gold alias it
+writes, the second search of a multi-hop question (with the real retriever code), the loss, and the split guard."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from services.common.answers import trajectory_text, valid_search_r1_sequence
+from services.policy.prompt import build_prompt, format_information
+from services.trainer.warmstart import (
+    EVAL_SPLIT,
+    InProcessRetriever,
+    PoolItem,
+    Shown,
+    SplitViolation,
+    WarmstartConfig,
+    build_examples,
+    build_record,
+    choose_answer,
+    masked_lm_loss,
+    refuse_evaluation_split,
+    refuse_trained_questions,
+    second_search_target,
+    select_items,
+    to_example,
+    training_pool,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(policy_models_root):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(policy_models_root / "SmolLM2-135M-Instruct"))
+
+
+def _item(dataset="hotpotqa", position=150, golds=("Anna Clyne",), support=("d2", "d3")) -> PoolItem:
+    return PoolItem(
+        id=f"q{position}",
+        dataset=dataset,
+        position=position,
+        question="Which composer created Night Ferry?",
+        golden_answers=list(golds),
+        supporting_doc_ids=list(support),
+    )
+
+
+FIRST = Shown("Which composer created Night Ferry?", (("d1", "Night Ferry", "Night Ferry is an orchestral piece."),))
+SECOND = Shown("Anna Clyne", (("d2", "Anna Clyne", "Anna Clyne is a British composer."),))
+
+
+def test_mask_covers_only_the_agents_own_tokens(tokenizer):
+    record = build_record(tokenizer, _item(), [FIRST, SECOND], "Anna Clyne")
+    ids, mask = record.token_ids, record.generated_mask
+    assert len(ids) == len(mask)
+    prompt = build_prompt(tokenizer, _item().question)
+    assert tokenizer.decode(ids[: len(record.prompt_ids)]) == prompt and not any(mask[: len(record.prompt_ids)])
+    masked = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert masked == (
+        "<think> I need to search for this. </think>\n<search> Which composer created Night Ferry? </search>"
+        "<think> I need more information about Anna Clyne. </think>\n<search> Anna Clyne </search>"
+        "<think> I found the answer. </think>\n<answer> Anna Clyne </answer><|im_end|>"
+    )
+    unmasked = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+    observation = format_information([("Night Ferry", "Night Ferry is an orchestral piece.")])
+    assert unmasked.startswith(prompt) and observation in unmasked and "Anna Clyne is a British composer." in unmasked
+    assert "<information>" not in masked and "<search>" not in unmasked[len(prompt) :]
+    # the trajectory is well formed in Search-R1's sense, so em-format gives it its format credit
+    assert valid_search_r1_sequence(trajectory_text(record, tokenizer))
+    example = to_example(tokenizer, _item(), [FIRST, SECOND])
+    assert example.loss_mask == mask and example.input_ids == ids
+    assert example.answer_shown and example.support_recall == 0.5 and example.searches == [FIRST.query, "Anna Clyne"]
+
+
+def test_the_gold_alias_the_passages_contain_is_the_target():
+    passages = ["Gerry Adams wrote Hope and History in 2003."]
+    golds = ["adams gerry", "gearoid mac adam", "Gerry Adams", "GERRY ADAMS"]
+    assert choose_answer(golds, passages) == "Gerry Adams"
+    assert choose_answer(["Brooklyn, New York", "Brooklyn"], ["He was born in Brooklyn."]) == "Brooklyn"
+    # nothing shown: a name-like alias over a lower-cased or upper-cased one, else the first
+    assert choose_answer(golds, ["unrelated"]) == "Gerry Adams"
+    assert choose_answer(["yes"], ["unrelated"]) == "yes"
+    # word boundaries: "Paris" is not inside "Parisian"
+    assert choose_answer(["Lyon", "Paris"], ["a Parisian café in Lyon"]) == "Lyon"
+
+
+def test_second_search_targets_the_missing_passage_that_holds_the_answer():
+    passages = {"d2": ("Anna Clyne", "Anna Clyne is a British composer."), "d3": ("Night Ferry", "A piece.")}
+    assert second_search_target(_item(), FIRST, passages) == ("d2", "Anna Clyne")
+    # all supporting passages already shown, or a single-hop dataset: no second search
+    shown_both = Shown("q", (("d2", "", ""), ("d3", "", "")))
+    assert second_search_target(_item(), shown_both, passages) is None
+    assert second_search_target(_item(dataset="nq"), FIRST, passages) is None
+
+
+CORPUS = [
+    {"id": "w1", "title": "Night Ferry (Clyne)", "text": "Night Ferry is an orchestral composition first performed "
+     "at Symphony Center in Chicago in 2012 by the Chicago Symphony Orchestra."},
+    {"id": "w2", "title": "Anna Clyne", "text": "Anna Clyne is a British composer of acoustic and electroacoustic "
+     "music, born in London in 1980."},
+    {"id": "w3", "title": "Symphony Center", "text": "Symphony Center is a music complex in Chicago, Illinois."},
+    {"id": "w4", "title": "Chicago Symphony Orchestra", "text": "The Chicago Symphony Orchestra is an American "
+     "orchestra based in Chicago."},
+    {"id": "w5", "title": "Brooklyn", "text": "Brooklyn is a borough of New York City."},
+]  # fmt: skip
+
+
+def test_build_examples_with_the_real_retriever(tmp_path, models_root, tokenizer):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in CORPUS))
+    item = PoolItem(
+        id="q1",
+        dataset="hotpotqa",
+        position=120,
+        question="Which composer created Night Ferry first performed in 2012 at Symphony Center in Chicago?",
+        golden_answers=["Anna Clyne"],
+        supporting_doc_ids=["w1", "w2"],
+    )
+
+    async def run():
+        async with InProcessRetriever(tmp_path / "data", encoder_dir=models_root / "all-MiniLM-L6-v2") as retriever:
+            await retriever.ingest([corpus])
+            first = await retriever.search([item.question], top_k=1, candidates=1)
+            examples = await build_examples(retriever, tokenizer, [item], top_k=1)
+            return first, examples
+
+    first, [example] = asyncio.run(run())
+    assert first.results[0].docs[0].id == "w1"  # the question reaches the first hop only
+    assert example.searches == [item.question, "Anna Clyne"]  # the second search reaches the bridge entity
+    assert example.support_recall == 1.0 and example.answer == "Anna Clyne" and example.answer_shown
+    text = tokenizer.decode(example.input_ids)
+    assert "Doc 1(Title: Anna Clyne) Anna Clyne is a British composer" in text
+
+
+def test_masked_lm_loss_by_hand():
+    logits = torch.zeros(1, 3, 4)  # (B, T, V): uniform, so every label costs log 4
+    logits[0, 1, 2] = 10.0  # position 1 predicts token 2 almost surely
+    ids = torch.tensor([[0, 1, 2]])
+    loss, count = masked_lm_loss(logits, ids, torch.tensor([[0, 1, 1]]))
+    expected = torch.log(torch.tensor(4.0)) + (-torch.log_softmax(logits[0, 1], -1)[2])
+    assert count == 2 and torch.isclose(loss, expected)
+    loss, count = masked_lm_loss(logits, ids, torch.tensor([[1, 0, 1]]))  # the first token is never a label
+    assert count == 1 and torch.isclose(loss, -torch.log_softmax(logits[0, 1], -1)[2])
+    loss, count = masked_lm_loss(logits, ids, torch.zeros(1, 3, dtype=torch.long))
+    assert count == 0 and loss == 0
+
+
+def test_split_guard(tmp_path):
+    rows = [{"id": f"q{i}", "question": f"question {i}?", "golden_answers": ["a"]} for i in range(EVAL_SPLIT + 30)]
+    (tmp_path / "nq.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pool = training_pool(tmp_path, "nq")
+    assert [i.id for i in pool] == [f"q{i}" for i in range(EVAL_SPLIT, EVAL_SPLIT + 30)]
+    chosen = select_items({"nq": pool}, WarmstartConfig(datasets=["nq"], per_dataset=100, seed=3))
+    assert len(chosen) == 30 and all(i.position >= EVAL_SPLIT for i in chosen)
+    with pytest.raises(SplitViolation, match="evaluation-split"):
+        refuse_evaluation_split([_item(position=EVAL_SPLIT - 1)])
+    refuse_evaluation_split([_item(position=EVAL_SPLIT)])
+    manifest = {"data": {"trained_ids": {"nq": ["q120", "q121"]}}}
+    with pytest.raises(SplitViolation, match="trained on"):
+        refuse_trained_questions([("nq", "q5"), ("nq", "q121")], manifest)
+    refuse_trained_questions([("nq", "q5"), ("popqa", "q121")], manifest)  # other dataset, other question
