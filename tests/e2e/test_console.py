@@ -69,7 +69,7 @@ def stack(tmp_path_factory, retriever_factory, policy_models_root):
 def trained(stack):
     """One BRIDGE round on the worker: a run with curves, and a checkpoint of each service to activate."""
     run = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "train", "--rounds", "1", "--questions-per-round", "2",
+        [sys.executable, "-m", "services.cli.main", "train", "--rounds", "1", "--questions-per-round", "1",
          "--group-size", "2", "--max-turns", "1", "--run-id", RUN_ID],
         env=stack["trainer_env"], cwd=REPO, capture_output=True, text=True, timeout=900,
     )  # fmt: skip

@@ -202,17 +202,30 @@ loaders.runs = async (id) => {
   } catch (err) { status("runs-status", String(err.message), true); }
 };
 
-function plot(title, rounds, series) {
+// A plot's box goes into the page first; uPlot draws into it once the box has its width (see drawPlots).
+function plot(title, rounds, series, unit = false) {
   const box = el("div", { class: "plot", "data-plot": title }, el("h4", {}, title));
-  const width = Math.max(260, Math.min(520, (document.querySelector("main").clientWidth || 600) - 40));
-  const colors = ["#1f6feb", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7d8c", "#57606a"];
-  const opts = { width, height: 180, scales: { x: { time: false } }, legend: { show: series.length > 1 },
-                 axes: [{ label: "round" }, {}],
-                 series: [{ label: "round" }, ...series.map((s, i) => ({ label: s.label, stroke: colors[i % 8], width: 2,
-                                                                      points: { show: true } }))] };
-  // eslint-disable-next-line no-undef
-  new uPlot(opts, [rounds, ...series.map((s) => s.values)], box);
+  box.plotData = { rounds, series, unit };
   return box;
+}
+
+function drawPlots(container) {
+  const colors = ["#1f6feb", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7d8c", "#57606a"];
+  for (const box of container.querySelectorAll(".plot")) {
+    const { rounds, series, unit } = box.plotData;
+    const lo = Math.min(...rounds), hi = Math.max(...rounds);
+    const opts = {
+      width: Math.max(200, box.clientWidth - 16), height: 170, legend: { show: series.length > 1 },
+      scales: { x: { time: false, range: () => (hi > lo ? [lo, hi] : [lo - 1, hi + 1]) },
+                y: unit ? { range: [0, 1] } : { auto: true } },
+      axes: [{ label: "round", incrs: [1, 2, 5, 10, 20, 50, 100], values: (u, ticks) => ticks.map((t) => String(t)) },
+             { size: 44 }],
+      series: [{ label: "round" }, ...series.map((s, i) => ({ label: s.label, stroke: colors[i % 8], width: 2,
+                                                               points: { show: true, size: 6 } }))],
+    };
+    // eslint-disable-next-line no-undef
+    new uPlot(opts, [rounds, ...series.map((s) => s.values)], box);
+  }
 }
 
 async function showRun(id) {
@@ -223,9 +236,10 @@ async function showRun(id) {
     const col = (k) => rows.map((r) => (typeof r[k] === "number" ? r[k] : null));
     const lossKeys = [...new Set(rows.flatMap((r) => Object.keys(r).filter((k) => k.startsWith("loss/"))))];
     const plots = rows.length ? [
-      plot("reward", rounds, [{ label: "reward/mean", values: col("reward/mean") }]),
-      plot("exact match", rounds, [{ label: "em/mean", values: col("em/mean") }, { label: "f1/mean", values: col("f1/mean") }]),
-      plot("recall of supporting docs", rounds, [{ label: "recall/support", values: col("recall/support") }]),
+      plot("reward", rounds, [{ label: "reward/mean", values: col("reward/mean") }], true),
+      plot("exact match", rounds, [{ label: "em/mean", values: col("em/mean") }, { label: "f1/mean", values: col("f1/mean") }],
+           true),
+      plot("recall of supporting docs", rounds, [{ label: "recall/support", values: col("recall/support") }], true),
       plot("losses", rounds, lossKeys.map((k) => ({ label: k, values: col(k) }))),
     ] : [el("div", { class: "status" }, "no round published yet")];
     const table = el("table", { id: "round-table" },
@@ -240,6 +254,7 @@ async function showRun(id) {
         `${s.source} · ${s.status} · ${s.rounds_done}/${s.rounds} rounds`), s.error ? el("div", { class: "error" }, s.error) : null,
       el("div", { class: "plots" }, plots), el("div", { class: "scroll" }, table),
       el("details", {}, el("summary", {}, "config"), el("pre", { class: "config" }, JSON.stringify(run.config, null, 2)))));
+    drawPlots(box);
   } catch (err) { box.replaceChildren(el("div", { class: "error" }, String(err.message))); }
 }
 
