@@ -4,7 +4,8 @@ two-state estimator, and a second-order baseline; then the retriever update alon
 All run on the same batch (built once and saved): 4 demo hotpotqa questions x group 2, each trajectory a
 real SmolLM2 sample after a sampled retrieval over 20 candidates, every second one answering with the gold
 answer (so rewards differ within a group; `services/trainer/synthetic.py`). Each row runs in a fresh process so its
-peak RSS (ru_maxrss) is its own; "over load" subtracts the RSS after loading models and the batch.
+peak RSS is its own: the high-water mark is reset after loading (Linux clear_refs), so "peak" is the round's
+and "over load" subtracts the RSS the loaded models and batch hold.
 
 The second-order baseline is the implicit-function hypergradient:
   d f / d theta = grad_theta f - grad^2_{theta phi} g . [grad^2_{phi phi} g]^-1 grad_phi f,
@@ -56,7 +57,30 @@ from services.trainer.synthetic import build_rollouts, demo_data  # noqa: E402
 
 
 def rss_mb() -> float:
+    """Peak resident memory since the last `reset_peak` (Linux VmHWM), else since the process started."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_mb() -> float:
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return rss_mb()
+
+
+def reset_peak() -> None:
+    """Linux: writing 5 to clear_refs resets the peak RSS, so loading's transient peak does not hide a round's."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def make_batch_file(models: Path, out: Path, questions: int = 4, group: int = 2) -> None:
@@ -126,7 +150,8 @@ def run_one(row: str, models: Path, batch_file: Path, retriever_params: str) -> 
                      retriever_params=retriever_params)  # fmt: skip
     batch = build_batch(records, cfg, policy.tokenizer, {k: tuple(v) for k, v in data["docs"].items()})
     retriever.doc_vectors(sorted(batch.doc_texts), batch.doc_texts)  # warm the frozen e_d cache
-    loaded = rss_mb()
+    loaded = current_mb()
+    reset_peak()
     started = time.perf_counter()
     if algo == "second-order":
         second_order_round(policy, retriever, batch, cfg, 1.0)
