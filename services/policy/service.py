@@ -11,7 +11,7 @@ import httpx
 
 from services.common.answers import exact_match, f1_score, reward_for, trajectory_text
 from services.common.clients.retriever import AsyncRetrieverClient, ServiceError
-from services.common.errors import UpstreamUnavailable
+from services.common.errors import Conflict, UpstreamUnavailable
 from services.common.schemas.agent_events import AnswerEvent, DoneEvent, StartEvent
 from services.common.schemas.policy import (
     AgentQueryRequest,
@@ -251,6 +251,9 @@ class PolicyService:
 
     async def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
         record = await self.store.get(request.trajectory_id)
+        if record.status == "cancelled":  # no answer to reward: live learning must never train on a cut-short run
+            raise Conflict(f"trajectory {record.id} was cut short (its client went away): it has no answer to reward",
+                           param="trajectory_id")  # fmt: skip
         if request.golden_answers is not None:
             record.golden_answers = request.golden_answers
             record.em = exact_match(record.answer, request.golden_answers)

@@ -107,6 +107,9 @@ def test_a_client_that_goes_away_cancels_and_its_trajectory_is_recorded_cut_shor
     assert len(record.turns) < 5
     for turn in record.turns:
         assert len(turn.generated_ids) == len(turn.generated_logprobs)
+    # It has no answer to reward, so live learning never sees it.
+    refused = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": trajectory_id, "reward": 1.0}, headers=KEY)
+    assert refused.status_code == 409 and "cut short" in refused.json()["detail"]
     # The generation stopped with the client: the next question is served at once, not after 4 more turns.
     started = time.perf_counter()
     quick = httpx.post(policy.url + "/v1/agent/query", json={"question": "Who?", "mode": "direct"}, headers=KEY,

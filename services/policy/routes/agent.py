@@ -98,7 +98,11 @@ async def agent_rollouts(body: RolloutRequest, service: Service, metrics: Metric
     return response
 
 
-@router.post("/v1/feedback", response_model=FeedbackResponse, responses={404: {"description": "Unknown id"}})
+@router.post(
+    "/v1/feedback",
+    response_model=FeedbackResponse,
+    responses={404: {"description": "Unknown id"}, 409: {"description": "The trajectory was cut short"}},
+)
 async def feedback(body: FeedbackRequest, service: Service) -> FeedbackResponse:
     return await service.feedback(body)
 
