@@ -26,7 +26,7 @@ QUESTION = json.loads((REPO / "services/cli/demo/hotpotqa_questions.jsonl").open
 def policy(tmp_path_factory, policy_models_root, demo_retriever):
     env = policy_env(
         policy_models_root, demo_retriever.url, BRIDGE_POLICY_ENGINE="transformers",
-        BRIDGE_POLICY_MAX_NEW_TOKENS="24", BRIDGE_POLICY_DTYPE="float32", BRIDGE_POLICY_API_KEYS=API_KEY,
+        BRIDGE_POLICY_MAX_NEW_TOKENS="16", BRIDGE_POLICY_DTYPE="float32", BRIDGE_POLICY_API_KEYS=API_KEY,
     )  # fmt: skip
     service = start_service("policy", tmp_path_factory.mktemp("policy-stream"), env, timeout=300)
     yield service
@@ -55,7 +55,7 @@ def trajectory(policy, trajectory_id: str) -> TrajectoryRecord:
 
 
 def test_streamed_query_sends_each_step_then_the_same_record_as_a_plain_query(policy):
-    body = {"question": QUESTION, "max_turns": 1}
+    body = {"question": QUESTION, "max_turns": 0}  # the initial search, then one generation
     with httpx.stream("POST", policy.url + "/v1/agent/query", json={**body, "stream": True}, headers=KEY,
                       timeout=300) as response:  # fmt: skip
         assert response.status_code == 200
@@ -125,7 +125,7 @@ def test_openai_client_chat_completion(policy):
     completion = client(policy).chat.completions.create(
         model="bridge",
         messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": QUESTION}],
-        extra_body={"max_turns": 1},
+        extra_body={"max_turns": 0},
     )
     bridge = completion.model_extra["bridge"]
     record = trajectory(policy, bridge["trajectory_id"])
@@ -143,7 +143,7 @@ def test_openai_client_chat_completion(policy):
 def test_openai_client_streaming(policy):
     stream = client(policy).chat.completions.create(
         model="base", messages=[{"role": "user", "content": QUESTION}], stream=True,
-        stream_options={"include_usage": True}, extra_body={"max_turns": 1},
+        stream_options={"include_usage": True}, extra_body={"max_turns": 0},
     )  # fmt: skip
     chunks = list(stream)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -182,7 +182,7 @@ def test_openai_errors_and_auth(policy):
 def test_cli_ask_streams_and_a_refusal_is_one_line(policy):
     env = {**os.environ, "BRIDGE_API_KEY": API_KEY}
     cli = [sys.executable, "-m", "services.cli.main", "ask", "Who wrote Hamlet?", "--url", policy.url,
-           "--max-turns", "1"]  # fmt: skip
+           "--max-turns", "0"]  # fmt: skip
     run = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stderr
     assert "search" in run.stdout and "answer" in run.stdout and "trajectory" in run.stdout
