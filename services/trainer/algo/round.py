@@ -127,7 +127,7 @@ def descend(optimizer: TrainOptimizer, loss_fn: Callable[[], torch.Tensor], step
 # ----------------------------------------------------------------------------- policy side
 def answer_logprobs(policy: PolicyModel, q: QSample) -> torch.Tensor:
     """log pi_theta(y* | x, d) for one Q sample's candidates; (M_q,), differentiable."""
-    return torch.stack([policy.answer_logprob(ctx, q.answer_ids) for ctx in q.context_ids])
+    return policy.answer_logprobs(q.context_ids, q.answer_ids)
 
 
 def compute_q(policy: PolicyModel, batch: RoundBatch, cfg: AlgoConfig) -> torch.Tensor:
@@ -228,16 +228,15 @@ def policy_step(
         samples = coupling.q_samples
         coupling_total = 0.0
         for k, q in enumerate(samples):
-            # Chain rule by hand: d(term)/d(answer log-probs) is cheap and exact; then each candidate's
-            # sequence is back-propagated alone, so memory stays at one sequence, as for the GRPO term.
+            # Chain rule by hand: d(term)/d(answer log-probs) is cheap and exact; then one backward through
+            # the sample's candidates, so the graph held is one Q sample's, not the whole coupling's.
             with torch.no_grad():
                 answer_lp = answer_logprobs(policy, q)  # (M_q,)
             answer_lp.requires_grad_(True)
             q_theta = q_target(answer_lp, cfg.beta_q, prior(q, cfg))[None]  # (1, M_q)
             term = coupling.term(q_theta, k) / len(samples)
             (d_term,) = torch.autograd.grad(term, answer_lp)
-            for d, context in enumerate(q.context_ids):
-                policy.answer_logprob(context, q.answer_ids).backward(d_term[d])
+            answer_logprobs(policy, q).backward(d_term)  # all candidates in one padded forward and backward
             coupling_total += float(term.detach())
         stats["loss/coupling"] = coupling_total
     stats["grad_norm/policy"] = optimizer.step()

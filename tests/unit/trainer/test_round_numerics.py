@@ -234,3 +234,25 @@ def test_search_step_records_what_the_trainer_reads():
     step = SearchStep(turn=0, query="q", candidates=[{"id": "d0", "score": 0.5}], chosen_ids=["d0"], logprob=0.0,
                       mode="sample", temperature=0.1, retriever_version="v")  # fmt: skip
     assert step.temperature == 0.1 and len(step.candidates) == 1
+
+
+def test_batched_answer_logprobs_match_per_sequence(dirs):
+    """Q_theta's candidates in one right-padded forward: the same log-probs and gradients as one at a time."""
+    policy, _ = models(dirs)
+    with torch.no_grad():  # a non-zero LoRA B, so the adapter's gradients are not trivially zero
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.01)
+    tok = policy.tokenizer
+    contexts = [tok(f"Question {i}: " + "word " * (3 + 7 * i), add_special_tokens=False)["input_ids"] for i in range(3)]
+    answer = tok("Paris </answer>", add_special_tokens=False)["input_ids"]
+    batched = policy.answer_logprobs(contexts, answer)
+    single = torch.stack([policy.answer_logprob(c, answer) for c in contexts])
+    assert torch.allclose(batched, single, atol=1e-4)
+    weights = torch.tensor([0.3, -1.0, 2.0])
+    grads = []
+    for value in (batched, single):
+        policy.model.zero_grad()
+        (value * weights).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-4, rtol=1e-3)
