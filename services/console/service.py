@@ -4,8 +4,6 @@ No FastAPI here."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import httpx
 import redis.asyncio as aioredis
@@ -31,19 +29,14 @@ class ConsoleService:
         await self.http.aclose()
         await self.redis.aclose()
 
-    @asynccontextmanager
     async def forward(
         self, upstream: str, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes
-    ) -> AsyncIterator[httpx.Response]:
-        """Send one call on to a service and yield its streaming response (closed when the block ends)."""
+    ) -> httpx.Response:
+        """Send one call on to a service; the response is open for streaming (the caller closes it)."""
         url = f"{self.urls[upstream]}/{path}" + (f"?{query.decode()}" if query else "")
         kept = {k: v for k, v in headers.items() if k.lower() in FORWARD_HEADERS}
         request = self.http.build_request(method, url, headers=kept, content=body or None)
-        response = await self.http.send(request, stream=True)
-        try:
-            yield response
-        finally:
-            await response.aclose()
+        return await self.http.send(request, stream=True)
 
     async def _get(self, url: str) -> httpx.Response:
         return await self.http.get(url, timeout=self.settings.health_timeout_s)

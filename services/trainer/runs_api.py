@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from services.common.schemas.runs import RunDetail, RunList, RunSummary
-from services.trainer.metrics import last_line
 
 _RUN = re.compile(r"^/v1/runs/([A-Za-z0-9][A-Za-z0-9_-]{0,63})$")
 
@@ -39,8 +38,19 @@ def _summary(state: dict, latest: dict | None) -> RunSummary:
         retriever_version=state.get("retriever_version"),
         policy_version=state.get("policy_version"),
         error=state.get("error"),
-        latest=_finite(latest) if latest else None,
+        latest=latest,
     )
+
+
+def _rows(path: Path) -> list[dict]:
+    """metrics.jsonl, one row per round (a few hundred lines at most); a line being written is skipped."""
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(_finite(json.loads(line)))
+        except ValueError:
+            continue
+    return rows
 
 
 def list_runs(runs_dir: Path) -> RunList:
@@ -48,9 +58,8 @@ def list_runs(runs_dir: Path) -> RunList:
     for state_path in sorted(runs_dir.glob("*/state.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             state = json.loads(state_path.read_text())
-            metrics = state_path.with_name("metrics.jsonl")
-            line = last_line(metrics) if metrics.exists() else None
-            runs.append(_summary(state, json.loads(line) if line else None))
+            rows = _rows(state_path.with_name("metrics.jsonl"))
+            runs.append(_summary(state, rows[-1] if rows else None))
         except (OSError, ValueError, KeyError):
             continue  # being written right now: it shows on the next call
     return RunList(runs=runs)
@@ -62,13 +71,7 @@ def run_detail(runs_dir: Path, run_id: str) -> RunDetail | None:
         state = json.loads((folder / "state.json").read_text())
     except (OSError, ValueError):
         return None
-    rows = []
-    if (folder / "metrics.jsonl").exists():
-        for line in (folder / "metrics.jsonl").read_text().splitlines():
-            try:
-                rows.append(_finite(json.loads(line)))
-            except ValueError:
-                continue  # a torn last line
+    rows = _rows(folder / "metrics.jsonl")
     return RunDetail(summary=_summary(state, rows[-1] if rows else None), config=state["config"], metrics=rows)
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 import httpx
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from services.common.errors import InvalidRequest, UpstreamUnavailable
 from services.console.routes.deps import Service
@@ -35,9 +36,9 @@ async def proxy(
     if not _API_PATH.match(path) or ".." in path:
         raise InvalidRequest(f"not a service API path: {path!r}", param="path")
     body = await request.body()
-    context = service.forward(upstream, request.method, path, request.url.query.encode(), dict(request.headers), body)
     try:
-        response = await context.__aenter__()
+        response = await service.forward(upstream, request.method, path, request.url.query.encode(),
+                                         dict(request.headers), body)  # fmt: skip
     except httpx.HTTPError as exc:
         raise UpstreamUnavailable(f"{upstream} unreachable at {service.urls[upstream]}: {type(exc).__name__}") from exc
 
@@ -45,8 +46,10 @@ async def proxy(
         try:
             async for chunk in response.aiter_raw():
                 yield chunk
-        finally:
-            await context.__aexit__(None, None, None)
+        finally:  # also when the browser goes away mid-stream: the service then sees its client leave
+            await response.aclose()
 
     headers = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
-    return StreamingResponse(relay(), status_code=response.status_code, headers=headers)
+    # The background close covers a response whose body was never iterated.
+    return StreamingResponse(relay(), status_code=response.status_code, headers=headers,
+                             background=BackgroundTask(response.aclose))  # fmt: skip
