@@ -43,14 +43,17 @@ class ConsoleService:
 
     async def _service(self, name: str) -> list[ComponentHealth]:
         url = self.urls[name]
+        behind = ComponentHealth(name="index" if name == "retriever" else "engine", state="unknown",
+                                 detail=f"not seen: the {name} service is down")  # fmt: skip
         try:
             response = await self._get(url + "/readyz")
         except httpx.HTTPError as exc:
-            return [ComponentHealth(name=name, state="down", detail=f"unreachable at {url}: {type(exc).__name__}")]
+            down = ComponentHealth(name=name, state="down", detail=f"unreachable at {url}: {type(exc).__name__}")
+            return [down, behind]
         body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         if response.status_code != 200:
             detail = body.get("detail", response.text[:200]) if isinstance(body, dict) else response.text[:200]
-            return [ComponentHealth(name=name, state="down", detail=f"{response.status_code}: {detail}")]
+            return [ComponentHealth(name=name, state="down", detail=f"{response.status_code}: {detail}"), behind]
         if name == "retriever":
             return [
                 ComponentHealth(name="retriever", state="ok", detail=f"version {body.get('retriever_version')}",
@@ -70,7 +73,10 @@ class ConsoleService:
             await self.redis.ping()
             queued = await self.redis.llen(self.settings.trainer_queue)
         except Exception as exc:  # any failure to reach Redis is its state here, not a console error
-            return [ComponentHealth(name="redis", state="down", detail=f"{type(exc).__name__}: {exc}")]
+            return [
+                ComponentHealth(name="redis", state="down", detail=f"{type(exc).__name__}: {exc}"),
+                ComponentHealth(name="workers", state="unknown", detail="not seen: Redis (their broker) is down"),
+            ]
         components = [ComponentHealth(name="redis", state="ok", detail=self.settings.resolved_redis_url.split("@")[-1])]
         workers = await asyncio.to_thread(self._ping_workers)
         components.append(

@@ -308,7 +308,8 @@ loaders.health = async () => {
   try {
     const report = await fetch("/api/health").then((r) => r.json());
     $("health-table").tBodies[0].replaceChildren(...report.components.map((c) => el("tr", { "data-component": c.name },
-      el("td", {}, c.name), el("td", { class: c.state === "ok" ? "ok" : "down" }, c.state), el("td", {}, c.detail))));
+      el("td", {}, c.name), el("td", { class: { ok: "ok", unknown: "meta" }[c.state] || "down" }, c.state),
+      el("td", {}, c.detail))));
     status("health-status", `checked ${new Date().toLocaleTimeString()}`);
   } catch (err) { status("health-status", String(err.message), true); }
 };
