@@ -29,6 +29,7 @@ from services.common.schemas.checkpoints import (
 from services.common.schemas.retriever import (
     Candidate,
     Document,
+    DocumentLookupResponse,
     ScoredDoc,
     SearchRequest,
     SearchResponse,
@@ -233,6 +234,14 @@ class RetrieverService:
             raise NotFound(f"no document with id {doc_id!r}", param="id")
         payload = found[doc_id]
         return Document(id=doc_id, title=payload.get("title", ""), text=payload["text"])
+
+    async def lookup_documents(self, ids: list[str]) -> DocumentLookupResponse:
+        wanted = list(dict.fromkeys(ids))
+        found = self.index.retrieve(self.active.collection, wanted)
+        documents = [
+            Document(id=i, title=found[i].get("title", ""), text=found[i]["text"]) for i in wanted if i in found
+        ]
+        return DocumentLookupResponse(documents=documents, missing=[i for i in wanted if i not in found])
 
     async def delete_document(self, doc_id: str) -> None:
         await self.get_document(doc_id)

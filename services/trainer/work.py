@@ -134,12 +134,8 @@ def collect_live(settings: TrainerSettings, state: RunState, round_index: int, o
 
 
 def _fetch_docs(settings: TrainerSettings, ids: set[str]) -> dict[str, tuple[str, str]]:
-    docs = {}
     with RetrieverClient(settings.retriever_url) as client:
-        for doc_id in sorted(ids):
-            doc = client.get_document(doc_id)
-            docs[doc_id] = (doc.title, doc.text)
-    return docs
+        return {i: (d.title, d.text) for i, d in client.get_documents(sorted(ids)).items()}
 
 
 OPTIMIZER_DIR = "optimizer"

@@ -252,6 +252,21 @@ def test_document_upsert_get_delete(hotpot):
     )
 
 
+def test_document_lookup_many_in_one_call(hotpot, shared_data):
+    service, client = hotpot
+    with (shared_data / "corpus" / "hotpotqa.jsonl").open() as fh:
+        ids = [json.loads(line)["id"] for line, _ in zip(fh, range(1100), strict=False)]
+    docs = client.get_documents(ids)  # two bounded calls (1,024 + 76)
+    assert list(docs) == ids and docs[ids[5]] == client.get_document(ids[5])
+    body = httpx.post(service.url + "/v1/documents/lookup", json={"ids": [ids[0], "no-such-doc", ids[0]]}).json()
+    assert [d["id"] for d in body["documents"]] == [ids[0]] and body["missing"] == ["no-such-doc"]
+    for bad in ([], ids):  # none, or more than 1,024
+        response = httpx.post(service.url + "/v1/documents/lookup", json={"ids": bad})
+        assert 400 <= response.status_code < 500 and "ids" in response.json()["detail"]
+    with pytest.raises(KeyError):
+        client.get_documents(["no-such-doc"])
+
+
 @pytest.mark.parametrize(
     ("body", "reason"),
     [

@@ -32,6 +32,18 @@ class RetrieverClient(SyncServiceClient):
     def get_document(self, doc_id: str) -> Document:
         return Document.model_validate(self._call("GET", f"/v1/documents/{doc_id}"))
 
+    def get_documents(self, ids: list[str], chunk: int = 1024) -> dict[str, Document]:
+        """id -> document for every id, in bounded calls; an unknown id is an error here (the caller asked)."""
+        out: dict[str, Document] = {}
+        missing: list[str] = []
+        for start in range(0, len(ids), chunk):
+            body = self._call("POST", "/v1/documents/lookup", json={"ids": ids[start : start + chunk]})
+            out.update({d["id"]: Document.model_validate(d) for d in body["documents"]})
+            missing += body["missing"]
+        if missing:
+            raise KeyError(f"{len(missing)} documents not in the retriever, e.g. {missing[:3]}")
+        return out
+
     def delete_document(self, doc_id: str) -> None:
         self._call("DELETE", f"/v1/documents/{doc_id}")
 

@@ -72,6 +72,18 @@ class UpsertDocumentsRequest(Strict):
     documents: list[Document] = Field(min_length=1, max_length=MAX_DOCUMENTS)
 
 
+DocId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class DocumentLookupRequest(Strict):
+    ids: list[DocId] = Field(min_length=1, max_length=MAX_DOCUMENTS, description="At most 1,024 ids a call.")
+
+
+class DocumentLookupResponse(BaseModel):
+    documents: list[Document] = Field(description="The known ids, in request order (duplicates once).")
+    missing: list[str] = Field(description="Requested ids this collection does not hold.")
+
+
 class UpsertDocumentsResponse(BaseModel):
     upserted: int
     unchanged: int = 0

@@ -7,6 +7,8 @@ from fastapi import APIRouter, Path
 from services.common.schemas.retriever import (
     DeleteDocumentResponse,
     Document,
+    DocumentLookupRequest,
+    DocumentLookupResponse,
     UpsertDocumentsRequest,
     UpsertDocumentsResponse,
 )
@@ -20,6 +22,13 @@ DocIdPath = Annotated[str, Path(min_length=1, max_length=256)]
 async def upsert_documents(body: UpsertDocumentsRequest, service: Service) -> UpsertDocumentsResponse:
     upserted, unchanged = await service.upsert_documents(body.documents)
     return UpsertDocumentsResponse(upserted=upserted, unchanged=unchanged)
+
+
+@router.post("/v1/documents/lookup", response_model=DocumentLookupResponse)
+async def lookup_documents(body: DocumentLookupRequest, service: Service) -> DocumentLookupResponse:
+    """Many documents in one call (the trainer fetches a round's candidates this way); unknown ids are listed
+    under `missing`, not an error."""
+    return await service.lookup_documents(body.ids)
 
 
 @router.get("/v1/documents/{doc_id}", response_model=Document, responses={404: {"description": "Unknown id"}})
