@@ -57,7 +57,7 @@ def percentile(values: list[float], q: float) -> float:
 def write_retriever_checkpoint(root: Path, model_dir: Path, version: str, parent: str) -> None:
     import torch
 
-    from services.retriever.backends.encoder import SentenceEncoder
+    from services.modeling.encoder import SentenceEncoder
 
     encoder = SentenceEncoder.from_pretrained(model_dir)
     generator = torch.Generator().manual_seed(0)

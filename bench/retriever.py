@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from services.cli.prepare import prepare_retriever_model  # noqa: E402
-from services.retriever.backends.encoder import SentenceEncoder  # noqa: E402
+from services.modeling.encoder import SentenceEncoder  # noqa: E402
 from services.retriever.backends.index import EdgeIndex  # noqa: E402
 from services.retriever.registry import collection_for  # noqa: E402
 from services.retriever.service import passage_text  # noqa: E402

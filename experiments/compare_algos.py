@@ -86,10 +86,10 @@ def reset_to_base(stack) -> None:
 
 def train(stack, algo: str, budget: Budget, seed: int, q_prior: bool = False) -> tuple[str, list[dict]]:
     from services.trainer.algo.config import AlgoConfig
+    from services.trainer.round_files import start_run
     from services.trainer.run_state import RunConfig, read_metrics
     from services.trainer.settings import TrainerSettings
     from services.trainer.submit import enqueue, follow
-    from services.trainer.work import start_run
 
     settings = TrainerSettings(data_dir=stack.settings.data_dir, redis_url=stack.redis_url,
                                policy_url=stack.policy_url, retriever_url=stack.retriever_url)  # fmt: skip

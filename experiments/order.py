@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 from services.cli.prepare import prepare_policy_model, prepare_retriever_model  # noqa: E402
 from services.common.answers import f1_score  # noqa: E402
 from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord  # noqa: E402
-from services.policy.prompt import build_prompt, format_information  # noqa: E402
-from services.retriever.sampling import gumbel_top_k, plackett_luce_logprob  # noqa: E402
+from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob  # noqa: E402
+from services.modeling.prompt import build_prompt, format_information  # noqa: E402
 from services.trainer.algo.batch import build_batch  # noqa: E402
 from services.trainer.algo.config import AlgoConfig  # noqa: E402
 from services.trainer.algo.round import train_round  # noqa: E402

@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from services.retriever.backends.encoder import SentenceEncoder
+from services.modeling.encoder import SentenceEncoder
 
 
 class QueryRequest(BaseModel):

@@ -7,7 +7,7 @@ import httpx
 from transformers import PreTrainedTokenizerBase
 
 from services.common.answers import extract_answer
-from services.policy.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, format_information, parse_search
+from services.modeling.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, format_information, parse_search
 
 
 def answer(

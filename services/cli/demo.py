@@ -42,10 +42,10 @@ def ask_all(stack: Stack, questions: list[dict]) -> list[dict]:
 
 def run_training(stack: Stack, rounds: int, console: Console) -> str:
     from services.trainer.algo.config import AlgoConfig
+    from services.trainer.round_files import start_run
     from services.trainer.run_state import RunConfig
     from services.trainer.settings import TrainerSettings
     from services.trainer.submit import enqueue, follow
-    from services.trainer.work import start_run
 
     settings = TrainerSettings(data_dir=stack.settings.data_dir, redis_url=stack.redis_url,
                                policy_url=stack.policy_url, retriever_url=stack.retriever_url)  # fmt: skip

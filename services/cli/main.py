@@ -334,10 +334,10 @@ def train(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from services.trainer.config_file import load_run_config, parse_override, to_toml
+    from services.trainer.round_files import start_run
     from services.trainer.run_state import RunState, read_metrics
     from services.trainer.settings import TrainerSettings
     from services.trainer.submit import enqueue, follow
-    from services.trainer.work import start_run
 
     flags = {
         "algo.algo": algo, "algo.estimator": estimator, "algo.retriever_params": retriever_params,

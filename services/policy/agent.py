@@ -17,8 +17,8 @@ from services.common.answers import extract_answer
 from services.common.clients.retriever import AsyncRetrieverClient
 from services.common.schemas.agent_events import DeltaEvent, DocumentsEvent, RetrievedDoc, SearchEvent
 from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord
+from services.modeling.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, format_information, parse_search
 from services.policy.backends.engine import Engine, SamplingSpec
-from services.policy.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, format_information, parse_search
 
 
 @dataclass(frozen=True)

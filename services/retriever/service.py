@@ -35,11 +35,11 @@ from services.common.schemas.retriever import (
     SearchResponse,
     SearchResult,
 )
+from services.modeling.encoder import SentenceEncoder
+from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob, query_rng
 from services.retriever.backends.batcher import MicroBatcher
-from services.retriever.backends.encoder import SentenceEncoder
 from services.retriever.backends.index import EdgeIndex, Hit, QdrantClientIndex, VectorIndex
 from services.retriever.registry import BASE_VERSION, RegistryState, RetrieverCheckpoint, collection_for
-from services.retriever.sampling import gumbel_top_k, plackett_luce_logprob, query_rng
 from services.retriever.settings import RetrieverSettings
 
 log = logging.getLogger(__name__)

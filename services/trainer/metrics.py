@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from wsgiref.simple_server import make_server
 
+import numpy as np
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
@@ -113,3 +114,27 @@ def serve_metrics(runs_dir: Path, port: int, host: str = "127.0.0.1") -> bool:
     threading.Thread(target=server.serve_forever, daemon=True, name="metrics-http").start()
     log.info("worker metrics on http://%s:%d/metrics, runs on /v1/runs", host, port)
     return True
+
+
+# ----------------------------------------------------------------------------- a round's rollout metrics
+def share_on_version(records, version: str | None) -> float:
+    """Share of the search steps that the given retriever version served (1.0 when there were none)."""
+    steps = [t.search for r in records for t in r.turns if t.search]
+    return sum(s.retriever_version == version for s in steps) / len(steps) if steps else 1.0
+
+
+def rollout_metrics(records, items: list[dict]) -> dict[str, float]:
+    support = {str(i["id"]): set((i.get("metadata") or {}).get("supporting_doc_ids", [])) for i in items}
+    recalls = []
+    for r in records:
+        gold = support.get(r.item_id or "", set())
+        if gold:
+            shown = {d for t in r.turns if t.search for d in t.search.chosen_ids}
+            recalls.append(len(gold & shown) / len(gold))
+    return {
+        "reward/mean": float(np.mean([r.reward or 0.0 for r in records])),
+        "em/mean": float(np.mean([r.em or 0.0 for r in records])),
+        "f1/mean": float(np.mean([r.f1 or 0.0 for r in records])),
+        "recall/support": float(np.mean(recalls)) if recalls else float("nan"),
+        "searches/mean": float(np.mean([sum(1 for t in r.turns if t.search) for r in records])),
+    }

@@ -14,7 +14,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from services.retriever.backends.encoder import SentenceEncoder
+from services.modeling.encoder import SentenceEncoder
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 

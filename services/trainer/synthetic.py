@@ -17,8 +17,8 @@ from tqdm import tqdm
 
 from services.common.answers import exact_match, extract_answer
 from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord
-from services.policy.prompt import build_prompt, format_information
-from services.retriever.sampling import gumbel_top_k, plackett_luce_logprob
+from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob
+from services.modeling.prompt import build_prompt, format_information
 from services.trainer.models import PolicyModel, RetrieverModel
 
 DEMO = Path(__file__).resolve().parents[1] / "cli" / "demo"

@@ -1,6 +1,7 @@
 """Thin Celery tasks: a round is collect -> train -> publish (twice, for the retriever and then the policy,
 with `--policy-rollouts fresh`; see `plan.py`), and the round's last publish enqueues the next round.
-Payloads are a run id, a round number and a phase name; the work lives in `work.py`.
+Payloads are a run id, a round number and a phase name; the work lives in `collect.py`, `train.py` and
+`publish.py` (one module per step; their files in `round_files.py`).
 
 A step that fails transiently (see `retry.is_transient`) is retried with exponential backoff and jitter, up to
 `BRIDGE_TRAINER_RETRY_MAX` times, which is safe because every step is idempotent (keyed by run, round and phase);
@@ -13,8 +14,12 @@ import logging
 from celery import Task, shared_task
 from celery.exceptions import Reject
 
-from services.trainer import plan, work
+from services.trainer import collect as collect_step
+from services.trainer import plan
+from services.trainer import publish as publish_step
+from services.trainer import train as train_step
 from services.trainer.retry import backoff_s, is_transient
+from services.trainer.round_files import mark_failed
 from services.trainer.run_state import RunState
 from services.trainer.settings import TrainerSettings
 
@@ -50,7 +55,7 @@ def _retry_or_fail(task: Task, run_id: str, what: str, exc: Exception) -> None:
             except Reject as reject:  # the retry could not be enqueued (the broker is down as well)
                 what = f"{what}, whose retry could not be enqueued ({reject.reason!r})"
         what = f"{what}, transient, after {retries} retries"
-    work.mark_failed(settings, run_id, f"{what}: {exc!r}")
+    mark_failed(settings, run_id, f"{what}: {exc!r}")
 
 
 @shared_task(name="trainer.round.collect", bind=True)
@@ -59,7 +64,7 @@ def collect(self, run_id: str, round_index: int, phase: plan.Phase | None = None
     try:
         settings = _settings()
         phase = phase or plan.first_phase(_algo(settings, run_id))
-        outcome = work.collect(settings, run_id, round_index, phase)
+        outcome = collect_step.collect(settings, run_id, round_index, phase)
         if outcome == "ready":
             _then(settings, run_id, round_index, "collect", phase)
         elif outcome == "wait":  # live: look again later, without holding a worker
@@ -73,7 +78,7 @@ def collect(self, run_id: str, round_index: int, phase: plan.Phase | None = None
 def train(self, run_id: str, round_index: int, phase: plan.Phase = "round") -> None:
     try:
         settings = _settings()
-        if work.train(settings, run_id, round_index, phase):
+        if train_step.train(settings, run_id, round_index, phase):
             _then(settings, run_id, round_index, "train", phase)
     except Exception as exc:
         _retry_or_fail(self, run_id, f"train round {round_index} ({phase})", exc)
@@ -84,7 +89,7 @@ def train(self, run_id: str, round_index: int, phase: plan.Phase = "round") -> N
 def publish(self, run_id: str, round_index: int, phase: plan.Phase = "round") -> None:
     try:
         settings = _settings()
-        if work.publish(settings, run_id, round_index, phase):
+        if publish_step.publish(settings, run_id, round_index, phase):
             _then(settings, run_id, round_index, "publish", phase)
     except Exception as exc:
         _retry_or_fail(self, run_id, f"publish round {round_index} ({phase})", exc)

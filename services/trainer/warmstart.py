@@ -229,14 +229,14 @@ def second_search_target(item: PoolItem, first: Shown, passages: dict[str, tuple
 
 
 def search_turn_text(query: str, title: str | None = None) -> str:
-    from services.policy.prompt import SEARCH_STOP
+    from services.modeling.prompt import SEARCH_STOP
 
     think = THINK_SEARCH if title is None else THINK_MORE.format(title=title)
     return f"{think}<search> {query} {SEARCH_STOP}"
 
 
 def answer_turn_text(answer: str) -> str:
-    from services.policy.prompt import ANSWER_STOP
+    from services.modeling.prompt import ANSWER_STOP
 
     return f"{THINK_ANSWER}<answer> {answer} {ANSWER_STOP}"
 
@@ -245,7 +245,7 @@ def build_record(tokenizer: Any, item: PoolItem, searches: Sequence[Shown], answ
     """The SFT trajectory as the agent loop would have recorded it: the served prompt, then per search a
     generated turn (think + <search>) and its observation (the <information> block, tokenised on its own as
     the loop does), then the answer turn ending in EOS. `generated_mask` is then exactly the RL mask."""
-    from services.policy.prompt import build_prompt, format_information
+    from services.modeling.prompt import build_prompt, format_information
 
     def ids(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -358,7 +358,7 @@ class WarmstartConfig(BaseModel):
     multi_hop_second_search_first: bool = Field(
         True, description="Draw multi-hop questions whose trajectory has a second search before the others."
     )
-    heldout: int = Field(40, ge=0, description="Examples kept out of training for the held-out loss.")
+    heldout: int = Field(24, ge=0, description="Examples kept out of training for the held-out loss.")
     top_k: int = Field(3, ge=1, le=10, description="Passages per search (serving's default).")
     max_len: int = Field(1536, ge=256, description="Longer trajectories are dropped, never truncated.")
     epochs: float = Field(1.0, gt=0, le=10)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def retriever(retriever_factory, models_root):
-    from services.retriever.backends.encoder import SentenceEncoder
+    from services.modeling.encoder import SentenceEncoder
 
     service = retriever_factory("cli-retriever")
     root = service.data_dir / "checkpoints"

@@ -13,7 +13,7 @@ import torch
 from services.cli.ingest import ingest_file
 from services.common.checkpoints import publish_checkpoint, staging_dir
 from services.common.clients.retriever import RetrieverClient, ServiceError
-from services.retriever.backends.encoder import SentenceEncoder
+from services.modeling.encoder import SentenceEncoder
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -24,9 +24,9 @@ import redis
 from services.common.checkpoints import write_json_atomic
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.celery_app import make_celery
+from services.trainer.round_files import start_run
 from services.trainer.run_state import RunConfig, RunState
 from services.trainer.settings import TrainerSettings
-from services.trainer.work import start_run
 from tests.conftest import REPO
 
 REDIS_URL = os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.common.schemas.policy import TrajectoryRecord
-from services.policy.prompt import format_information
+from services.modeling.prompt import format_information
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import grpo_advantages
 

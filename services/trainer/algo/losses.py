@@ -80,20 +80,6 @@ def grpo_loss(
     return loss, stats
 
 
-def plackett_luce_logprob(logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-    """log P(chosen in order | logits) under Plackett–Luce, differentiable in `logits`.
-
-    logits: (M,) candidate scores / temperature; chosen: (k,) indices into the candidates.
-    """
-    available = torch.ones_like(logits, dtype=torch.bool)
-    total = logits.new_zeros(())
-    for idx in chosen.tolist():
-        total = total + logits[idx] - torch.logsumexp(logits.masked_fill(~available, float("-inf")), dim=0)
-        available = available.clone()
-        available[idx] = False
-    return total
-
-
 def retrieval_credit_loss(
     chosen_logprobs: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from services.retriever.backends.encoder import SentenceEncoder
+from services.modeling.encoder import SentenceEncoder
+from services.modeling.plackett_luce import plackett_luce_logprob_torch
 from services.trainer.algo.batch import QSample, RoundBatch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import (
     bilevel_correction,
     grpo_loss,
-    plackett_luce_logprob,
     q_target,
     rag_theta_term,
     retrieval_credit_loss,
@@ -67,7 +67,7 @@ def retrieval_credit(encoder, retriever, batch: RoundBatch, cap: float = 2.0) ->
     if not weights:
         return torch.zeros(())
     logps = candidate_logps(encoder, retriever, batch)
-    chosen = torch.stack([plackett_luce_logprob(logps[n], batch.searches[n].chosen) for n in weights])
+    chosen = torch.stack([plackett_luce_logprob_torch(logps[n], batch.searches[n].chosen) for n in weights])
     advantages = torch.stack([batch.advantages[batch.searches[n].trajectory] for n in weights])
     return retrieval_credit_loss(chosen, advantages, torch.tensor(list(weights.values())))
 
@@ -80,7 +80,7 @@ def score_old_retrieval(retriever: RetrieverModel, batch: RoundBatch, cap: float
     with torch.no_grad():
         logps = candidate_logps(retriever.query, retriever, batch)
     for n in sampled:
-        batch.searches[n].old_logprob = float(plackett_luce_logprob(logps[n], batch.searches[n].chosen))
+        batch.searches[n].old_logprob = float(plackett_luce_logprob_torch(logps[n], batch.searches[n].chosen))
     diffs = [abs(batch.searches[n].old_logprob - batch.searches[n].behaviour_logprob) for n in sampled]
     weights = list(retrieval_tis(batch, cap).values())
     return {
@@ -252,7 +252,7 @@ def reweight(retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig) -> t
         for lp, search in zip(candidate_logps(retriever.query, retriever, batch), batch.searches, strict=True):
             if search.old_logprob is None:
                 continue
-            log_ratio[search.trajectory] += plackett_luce_logprob(lp, search.chosen) - search.old_logprob
+            log_ratio[search.trajectory] += plackett_luce_logprob_torch(lp, search.chosen) - search.old_logprob
     return log_ratio.exp().clamp(max=cfg.weight_clip)
 
 
@@ -330,6 +330,81 @@ def finish(stats: dict[str, float], cfg: AlgoConfig, lam: float, elapsed: float)
     return stats
 
 
+Part = Callable[["RoundContext"], None]
+
+
+@dataclass
+class RoundContext:
+    """What a round's parts share: the models, the batch, the optimizers, lambda, the coupling the retriever
+    part leaves for the policy part, and the stats every part adds to."""
+
+    policy: PolicyModel
+    retriever: RetrieverModel
+    batch: RoundBatch
+    cfg: AlgoConfig
+    lam: float
+    optim: RoundOptimizers
+    stats: dict[str, float]
+    coupling: Coupling | None = None
+
+
+def retriever_first(ctx: RoundContext) -> None:
+    """Steps 1-2: the retriever adapts to the current policy (and leaves the estimator's coupling)."""
+    phase_stats, ctx.coupling = retriever_phase(ctx.policy, ctx.retriever, ctx.batch, ctx.cfg, ctx.lam, ctx.optim)
+    ctx.stats.update(phase_stats)
+
+
+def policy_on_logged(ctx: RoundContext) -> None:
+    """Step 3 on the logged rollouts, re-weighted by how far phi moved when the retriever was trained."""
+    weights = reweight(ctx.retriever, ctx.batch, ctx.cfg) if ctx.cfg.updates_retriever else None
+    weights = combine(weights, ctx.batch.sequence_weights)
+    ctx.stats.update(policy_phase(ctx.policy, ctx.batch, ctx.cfg, weights=weights, coupling=ctx.coupling,
+                                  optim=ctx.optim))  # fmt: skip
+
+
+def retriever_after(ctx: RoundContext) -> None:
+    """alt-pr's second half: the retriever adapts to the UPDATED policy."""
+    phi = ctx.retriever.query
+    q_theta = timed_q(ctx.policy, ctx.batch, ctx.cfg, ctx.stats)
+    ctx.stats["loss/retriever"], ctx.stats["grad_norm/retriever"] = descend(
+        ctx.optim.get("phi", ctx.retriever.trainable(phi)),
+        lambda: upper_phi_loss(phi, ctx.retriever, ctx.batch, q_theta, ctx.cfg, ctx.lam), ctx.cfg.retriever_steps,
+    )  # fmt: skip
+
+
+def simultaneous(ctx: RoundContext) -> None:
+    """joint: one simultaneous step on f + g, both gradients at the same (theta, phi), then both steps:
+    phi on f_phi + g, theta on grad_theta f + grad_theta g(phi; theta)."""
+    policy, retriever, batch, cfg = ctx.policy, ctx.retriever, ctx.batch, ctx.cfg
+    phi = retriever.query
+    q_theta = timed_q(policy, batch, cfg, ctx.stats)
+    phi_optimizer = ctx.optim.get("phi", retriever.trainable(phi))
+    phi_optimizer.zero_grad()
+    retriever_loss = upper_phi_loss(phi, retriever, batch, q_theta, cfg, 1.0)
+    if retriever_loss.requires_grad:
+        retriever_loss.backward()
+    ctx.stats["loss/retriever"] = float(retriever_loss.detach())
+    coupling = None
+    if batch.q_samples:
+        with torch.no_grad():
+            log_p_phi = subset_logps(candidate_logps(phi, retriever, batch), batch)
+        coupling = Coupling(1.0, batch.q_samples, log_p_phi)  # theta's share of g
+    ctx.stats.update(policy_step(policy, batch, cfg, sequence_weights=batch.sequence_weights, coupling=coupling,
+                                 optimizer=ctx.optim.get("policy", policy.parameters())))  # fmt: skip
+    ctx.stats["grad_norm/retriever"] = phi_optimizer.step()
+
+
+# Each algorithm is its parts, in order (DESIGN §4's baselines behind one switch).
+ALGORITHMS: dict[str, tuple[Part, ...]] = {
+    "bridge": (retriever_first, policy_on_logged),
+    "alt-rp": (retriever_first, policy_on_logged),
+    "search-r1": (policy_on_logged,),
+    "retriever-only": (retriever_first,),
+    "alt-pr": (policy_on_logged, retriever_after),
+    "joint": (simultaneous,),
+}
+
+
 def train_round(
     policy: PolicyModel, retriever: RetrieverModel, batch: RoundBatch, cfg: AlgoConfig, lam: float,
     optim: RoundOptimizers | None = None,
@@ -337,50 +412,13 @@ def train_round(
     """The whole round on one batch of logged rollouts (`policy_rollouts="reweighted"`). `optim` carries the
     optimizers' state from round to round (a new one starts them fresh)."""
     torch.manual_seed(cfg.seed)
-    optim = optim or RoundOptimizers(cfg)
     started = time.perf_counter()
-    stats: dict[str, float] = {}
-    phi = retriever.query
+    ctx = RoundContext(policy, retriever, batch, cfg, lam, optim or RoundOptimizers(cfg), stats={})
     if cfg.updates_retriever:
-        stats.update(score_old_retrieval(retriever, batch, cfg.tis_cap))
-
-    coupling = None
-    if cfg.algo in ("bridge", "alt-rp", "retriever-only"):
-        phase_stats, coupling = retriever_phase(policy, retriever, batch, cfg, lam, optim)
-        stats.update(phase_stats)
-
-    if cfg.algo in ("bridge", "alt-rp", "search-r1"):
-        reweighted = cfg.updates_retriever  # the policy step sees the adapted retriever through the ratio
-        weights = combine(reweight(retriever, batch, cfg) if reweighted else None, batch.sequence_weights)
-        stats.update(policy_phase(policy, batch, cfg, weights=weights, coupling=coupling, optim=optim))
-
-    if cfg.algo == "alt-pr":
-        stats.update(policy_phase(policy, batch, cfg, weights=batch.sequence_weights, coupling=None, optim=optim))
-        q_theta = timed_q(policy, batch, cfg, stats)  # the retriever adapts to the UPDATED policy
-        stats["loss/retriever"], stats["grad_norm/retriever"] = descend(
-            optim.get("phi", retriever.trainable(phi)),
-            lambda: upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam), cfg.retriever_steps,
-        )  # fmt: skip
-
-    if cfg.algo == "joint":
-        # One simultaneous step on f + g: both gradients at the same (theta, phi), then both steps.
-        q_theta = timed_q(policy, batch, cfg, stats)
-        phi_optimizer = optim.get("phi", retriever.trainable(phi))
-        phi_optimizer.zero_grad()
-        retriever_loss = upper_phi_loss(phi, retriever, batch, q_theta, cfg, 1.0)  # f_phi + g
-        if retriever_loss.requires_grad:
-            retriever_loss.backward()
-        stats["loss/retriever"] = float(retriever_loss.detach())
-        coupling = None
-        if batch.q_samples:
-            with torch.no_grad():
-                log_p_phi = subset_logps(candidate_logps(phi, retriever, batch), batch)
-            coupling = Coupling(1.0, batch.q_samples, log_p_phi)  # theta's share of g: grad_theta g(phi; theta)
-        stats.update(policy_step(policy, batch, cfg, sequence_weights=batch.sequence_weights, coupling=coupling,
-                                 optimizer=optim.get("policy", policy.parameters())))  # fmt: skip
-        stats["grad_norm/retriever"] = phi_optimizer.step()
-
-    return finish(stats, cfg, lam, time.perf_counter() - started)
+        ctx.stats.update(score_old_retrieval(retriever, batch, cfg.tis_cap))
+    for part in ALGORITHMS[cfg.algo]:
+        part(ctx)
+    return finish(ctx.stats, cfg, lam, time.perf_counter() - started)
 
 
 # ----------------------------------------------------------------------------- fresh rollouts, in two phases

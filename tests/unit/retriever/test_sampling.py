@@ -4,7 +4,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from services.retriever.sampling import gumbel_top_k, plackett_luce_logprob, query_rng
+from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob, query_rng
 
 
 def test_plackett_luce_by_hand():

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
+from services.modeling.plackett_luce import plackett_luce_logprob_torch
 from services.trainer.algo.losses import (
     bilevel_correction,
     grpo_advantages,
     grpo_loss,
     masked_mean,
-    plackett_luce_logprob,
     q_target,
     retrieval_credit_loss,
     retriever_lower_loss,
@@ -19,14 +19,14 @@ from services.trainer.algo.losses import (
 
 def test_plackett_luce_by_hand():
     logits = torch.log(torch.tensor([1.0, 2.0, 3.0, 4.0]))
-    assert float(plackett_luce_logprob(logits, torch.tensor([3, 1]))) == pytest.approx(math.log(4 / 10 * 2 / 6))
-    assert float(plackett_luce_logprob(logits, torch.tensor([0]))) == pytest.approx(math.log(1 / 10))
+    assert float(plackett_luce_logprob_torch(logits, torch.tensor([3, 1]))) == pytest.approx(math.log(4 / 10 * 2 / 6))
+    assert float(plackett_luce_logprob_torch(logits, torch.tensor([0]))) == pytest.approx(math.log(1 / 10))
 
 
 def test_plackett_luce_gradient_by_hand():
     # d/dl_j of [l_0 - logsumexp(l)] = 1[j=0] - softmax_j
     logits = torch.zeros(3, requires_grad=True)
-    plackett_luce_logprob(logits, torch.tensor([0])).backward()
+    plackett_luce_logprob_torch(logits, torch.tensor([0])).backward()
     assert torch.allclose(logits.grad, torch.tensor([1 - 1 / 3, -1 / 3, -1 / 3]))
 
 
@@ -129,3 +129,17 @@ def test_q_target_posterior_reweights_the_prior_by_the_policy():
     assert torch.allclose(q_target(answer_lp, 1.0, log_prior), torch.tensor([[3 / (3 + e), e / (3 + e)]]))
     # beta_Q tempers the likelihood only: at beta_Q -> large the posterior is the prior itself
     assert torch.allclose(q_target(answer_lp, 1e6, log_prior), torch.tensor([[0.75, 0.25]]), atol=1e-5)
+
+
+def test_numpy_and_torch_plackett_luce_agree():
+    """The retriever serves with the numpy log-prob, the trainer differentiates the torch one: same numbers."""
+    import numpy as np
+
+    from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        logits = rng.normal(size=12) * 5
+        chosen = gumbel_top_k(logits, 4, rng)
+        torch_value = plackett_luce_logprob_torch(torch.tensor(logits), torch.tensor(chosen))
+        assert float(torch_value) == pytest.approx(plackett_luce_logprob(logits, chosen), abs=1e-9)

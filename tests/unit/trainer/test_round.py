@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord
-from services.policy.prompt import build_prompt, format_information
-from services.retriever.sampling import gumbel_top_k, plackett_luce_logprob
+from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob
+from services.modeling.prompt import build_prompt, format_information
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.round import train_policy_phase, train_retriever_phase, train_round

@@ -216,7 +216,7 @@ def test_retriever_lora_trains_only_the_adapter_and_saves_a_merged_tower(dirs, t
     assert moved(before, trainable)
     assert all(torch.equal(frozen[n], p.detach()) for n, p in retriever.query.named_parameters() if n in frozen)
     # The service loads the merged tower as a plain query-encoder checkpoint: same vectors as the LoRA model.
-    from services.retriever.backends.encoder import SentenceEncoder
+    from services.modeling.encoder import SentenceEncoder
 
     retriever.save_query(tmp_path, "query_encoder.safetensors")
     merged = SentenceEncoder.from_pretrained(dirs[1])

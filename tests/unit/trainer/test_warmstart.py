@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from services.common.answers import trajectory_text, valid_search_r1_sequence
-from services.policy.prompt import build_prompt, format_information
+from services.modeling.prompt import build_prompt, format_information
 from services.trainer.warmstart import (
     EVAL_SPLIT,
     InProcessRetriever,

@@ -1,0 +1,86 @@
+"""The collect step: a round's trajectories, from rollouts on the run's questions or from served traffic."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from services.common.checkpoints import write_json_atomic
+from services.common.clients.policy import PolicyClient
+from services.trainer import plan
+from services.trainer.plan import Phase
+from services.trainer.rollout import (
+    complete_groups,
+    group_name,
+    request_rollouts,
+    rollout_tag,
+    round_items,
+    save_round_rollouts,
+    take_from_stream,
+    take_live,
+)
+from services.trainer.round_files import PUBLISHED_RETRIEVER, redis_client, rollouts_file, round_dir
+from services.trainer.run_state import RunState
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger(__name__)
+
+
+def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase = "round") -> str:
+    """Trajectories for the round: "ready", "skip" (already published) or "wait" (live: not enough yet).
+
+    The policy phase of a fresh round asks the same questions again, after its retriever went live."""
+    state = RunState.load(settings.runs_dir, run_id)
+    if state.next_round > round_index:
+        return "skip"
+    folder = round_dir(settings, run_id, round_index)
+    name = plan.collection(phase)
+    out = folder / rollouts_file(name)
+    if out.exists():
+        return "ready"
+    config = state.config
+    if config.source == "live":
+        return collect_live(settings, state, round_index, out)
+    if name:
+        if not (folder / PUBLISHED_RETRIEVER).exists():
+            raise RuntimeError(f"round {round_index}: fresh rollouts before the round's retriever is published")
+        items = json.loads((folder / "items.json").read_text())
+    else:
+        items = round_items(config, settings.qa_file(config.dataset), round_index)
+        write_json_atomic(folder / "items.json", items)
+    r = redis_client(settings)
+    tag = rollout_tag(run_id, round_index, name)
+    # A retried step first takes what the last attempt left in the stream, and asks again only if that is
+    # not a full set of groups (the superseded entries are acknowledged as the new ones are read).
+    recovered = take_from_stream(r, settings.trajectory_stream, run_id, tag, expected=None)
+    entries, leftover = complete_groups(recovered, items, config.algo.group_size)
+    if entries:
+        if leftover:
+            r.xack(settings.trajectory_stream, group_name(run_id), *leftover)
+    else:
+        write_json_atomic(folder / f"requested-{name or 'first'}.json", {"tag": tag, "requested_at": time.time()})
+        with PolicyClient(settings.policy_url, settings.resolve_admin_token(), settings.task_time_limit_s) as client:
+            expected = set(request_rollouts(client, config, items, round_index, name))
+        entries = take_from_stream(r, settings.trajectory_stream, run_id, tag, expected)
+    save_round_rollouts(out, entries)
+    return "ready"
+
+
+def fresh_versions(state: RunState) -> set[str]:
+    """The policy versions a live trajectory may come from: the newest `max_staleness + 1` of this run."""
+    versions = [state.initial_policy_version] + [p.policy_version for p in state.published if p.policy_version]
+    return set(versions[-(state.config.max_staleness + 1) :])
+
+
+def collect_live(settings: TrainerSettings, state: RunState, round_index: int, out) -> str:
+    run_id = state.config.run_id
+    entries, dropped = take_live(redis_client(settings), settings.feedback_stream, run_id, state.config.live_batch,
+                                 fresh_versions(state))  # fmt: skip
+    if dropped:
+        log.info("run %s: dropped %d stale or unrewarded live trajectories", run_id, dropped)
+    if len(entries) < state.config.live_batch:
+        return "wait"  # they stay pending for this run's group and are re-claimed on the next look
+    write_json_atomic(out.with_name("items.json"), [])
+    save_round_rollouts(out, entries)
+    return "ready"

@@ -1,0 +1,92 @@
+"""The publish step: retriever first, then policy; then the round's trajectories are acknowledged and the
+run advances."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from services.common.checkpoints import write_json_atomic
+from services.common.clients.policy import PolicyClient
+from services.common.clients.retriever import RetrieverClient
+from services.trainer.plan import Phase
+from services.trainer.rollout import (
+    group_name,
+)
+from services.trainer.round_files import OPTIMIZER_DIR, PUBLISHED_RETRIEVER, TRAINED, redis_client, round_dir
+from services.trainer.run_state import Published, RunState, append_metrics
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger(__name__)
+
+
+def publish_retriever(settings: TrainerSettings, folder: Path, version: str) -> float:
+    """Register and activate the round's query tower, once per round; returns when it went live."""
+    marker = folder / PUBLISHED_RETRIEVER
+    if marker.exists() and (done := json.loads(marker.read_text()))["version"] == version:
+        return done["activated_at"]
+    with RetrieverClient(settings.retriever_url, admin_token=settings.resolve_admin_token(), timeout=600) as client:
+        client.register(version)
+        client.activate(version)
+    activated_at = time.time()
+    write_json_atomic(marker, {"version": version, "activated_at": activated_at})
+    return activated_at
+
+
+def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase = "round") -> bool:
+    """Retriever first, then policy; then acknowledge the round's trajectories (both collections of a fresh
+    round) and advance the run. A fresh round's retriever half only activates the retriever."""
+    state = RunState.load(settings.runs_dir, run_id)
+    if state.next_round > round_index:
+        return phase != "retriever" and state.status == "running"
+    folder = round_dir(settings, run_id, round_index)
+    if phase == "retriever":
+        publish_retriever(settings, folder, json.loads((folder / TRAINED["retriever"]).read_text())["retriever"])
+        return True
+    trained = json.loads((folder / TRAINED[phase]).read_text())
+    token = settings.resolve_admin_token()
+    activated_at = {}
+    if trained["retriever"]:
+        activated_at["retriever"] = publish_retriever(settings, folder, trained["retriever"])
+        state.retriever_version = trained["retriever"]
+        state.retriever_weights = str(settings.checkpoint_root / trained["retriever"] / "query_encoder.safetensors")
+    if trained["policy"]:
+        with PolicyClient(settings.policy_url, admin_token=token, timeout=600) as client:
+            client.register(trained["policy"])
+            client.activate(trained["policy"])
+        activated_at["policy"] = time.time()
+        state.policy_version = trained["policy"]
+        state.policy_adapter = str(settings.checkpoint_root / trained["policy"])
+    r = redis_client(settings)
+    if trained["entry_ids"]:
+        r.xack(settings.trajectory_stream, group_name(run_id), *trained["entry_ids"])
+    stats = trained["stats"]
+    fresh = {f"fresh/{k}": v for k, v in trained.get("fresh_metrics", {}).items()}
+    requested_at = {name: json.loads(path.read_text())["requested_at"]
+                    for name in ("first", "fresh") if (path := folder / f"requested-{name}.json").exists()}  # fmt: skip
+    append_metrics(settings.runs_dir, run_id, {
+        "round": round_index, **trained["rollout_metrics"], **stats, **fresh,
+        "retriever_version": trained["retriever"], "policy_version": trained["policy"],
+        "activated_at": activated_at, "requested_at": requested_at, "time/train_s": trained["time/train_s"],
+        "memory/peak_mb": trained["memory/peak_mb"], "policy_rollouts": trained["policy_rollouts"],
+        "policy_step/rollouts": trained["policy_step/rollouts"],
+        "policy_step/trajectories": len(trained["policy_step/trajectories"]),
+    })  # fmt: skip
+    state.published.append(
+        Published(round=round_index, retriever_version=trained["retriever"], policy_version=trained["policy"])
+    )
+    state.lam = stats.get("lambda_next", state.lam)
+    if (folder / OPTIMIZER_DIR).exists():
+        state.optimizer_dir = str(folder / OPTIMIZER_DIR)
+    if state.config.source == "live":
+        mean_reward = trained["rollout_metrics"]["reward/mean"]
+        decay = state.config.baseline_decay
+        previous = state.reward_baseline
+        state.reward_baseline = mean_reward if previous is None else decay * previous + (1 - decay) * mean_reward
+    state.next_round = round_index + 1
+    if state.next_round >= state.config.rounds:
+        state.status = "done"
+    state.save(settings.runs_dir)
+    return state.status == "running"
