@@ -101,7 +101,7 @@ def main() -> None:
     models = args.work / "models"
     prepare_retriever_model(models / "all-MiniLM-L6-v2")
     prepare_policy_model(models / "SmolLM2-135M-Instruct")
-    demo = REPO / "services" / "cli" / "demo"
+    demo = REPO / "services" / "demo_data"
     questions = [json.loads(line)["question"] for line in (demo / "hotpotqa_questions.jsonl").open()]
     questions = questions[: args.questions]
 

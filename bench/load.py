@@ -119,7 +119,7 @@ async def swap(url: str, token: str, version: str, at: float, log: dict) -> None
 
 
 async def run_load(args, policy_url: str, retriever_url: str, token: str, versions: tuple[str, str]) -> None:
-    demo = REPO / "services" / "cli" / "demo"
+    demo = REPO / "services" / "demo_data"
     questions = [json.loads(line)["question"] for line in (demo / "hotpotqa_questions.jsonl").open()]
     limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
     headers = {"X-API-Key": args.api_key} if args.api_key else {}
@@ -211,7 +211,7 @@ def main() -> None:
             retriever = start_service("retriever", tmp / "retriever", encoder)
             started.append(retriever)
             with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
-                ingest_file(client, REPO / "services/cli/demo/hotpotqa_corpus.jsonl", progress=False)
+                ingest_file(client, REPO / "services/demo_data/hotpotqa_corpus.jsonl", progress=False)
             env = policy_env(models, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS=str(args.max_tokens),
                              BRIDGE_POLICY_ENGINE=args.engine, **shared)  # fmt: skip
             policy = start_service("policy", tmp / "policy", env, timeout=900)

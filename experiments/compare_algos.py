@@ -29,7 +29,7 @@ from services.common.checkpoints import write_json_atomic  # noqa: E402
 from services.eval.datasets import EvalItem, load_items  # noqa: E402
 from services.eval.scoring import ItemResult, summarize  # noqa: E402
 
-DEMO = REPO / "services" / "cli" / "demo"
+DEMO = REPO / "services" / "demo_data"
 ALGOS = ("search-r1", "retriever-only", "alt-rp", "alt-pr", "joint", "bridge")
 
 

@@ -38,7 +38,7 @@ from services.trainer.algo.config import AlgoConfig  # noqa: E402
 from services.trainer.algo.round import train_round  # noqa: E402
 from services.trainer.models import PolicyModel, RetrieverModel  # noqa: E402
 
-DEMO = REPO / "services" / "cli" / "demo"
+DEMO = REPO / "services" / "demo_data"
 TEMPERATURE, CANDIDATES, SHOWN, GROUP = 0.05, 10, 3, 4
 
 

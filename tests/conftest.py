@@ -146,5 +146,5 @@ def demo_retriever(retriever_factory) -> RunningService:
 
     service = retriever_factory("demo-retriever")
     with RetrieverClient(service.url, admin_token=service.token, timeout=600) as client:
-        ingest_file(client, REPO / "services" / "cli" / "demo" / "hotpotqa_corpus.jsonl", progress=False)
+        ingest_file(client, REPO / "services" / "demo_data" / "hotpotqa_corpus.jsonl", progress=False)
     return service

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "services" / "cli" / "demo"
+OUT = Path(__file__).resolve().parents[1] / "services" / "demo_data"
 
 
 def main(data: Path, n: int) -> None:

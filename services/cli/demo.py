@@ -19,7 +19,7 @@ from services.cli.launcher import Stack
 from services.common.clients.policy import PolicyClient
 from services.common.clients.retriever import RetrieverClient
 
-DEMO = Path(__file__).resolve().parent / "demo"
+DEMO = Path(__file__).resolve().parents[1] / "demo_data"
 
 
 def ensure_demo_corpus(stack: Stack) -> None:

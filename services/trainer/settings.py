@@ -8,7 +8,7 @@ from pydantic_settings import SettingsConfigDict
 from services.common.settings import CommonSettings
 from services.eval.datasets import question_file
 
-DEMO_QA_DIR = Path(__file__).resolve().parents[1] / "cli" / "demo"
+DEMO_QA_DIR = Path(__file__).resolve().parents[1] / "demo_data"
 
 
 class TrainerSettings(CommonSettings):

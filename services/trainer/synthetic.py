@@ -21,7 +21,7 @@ from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob
 from services.modeling.prompt import build_prompt, format_information
 from services.trainer.models import PolicyModel, RetrieverModel
 
-DEMO = Path(__file__).resolve().parents[1] / "cli" / "demo"
+DEMO = Path(__file__).resolve().parents[1] / "demo_data"
 
 
 def demo_data() -> tuple[list[dict], dict[str, dict]]:

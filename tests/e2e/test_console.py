@@ -33,7 +33,7 @@ def stack(tmp_path_factory, retriever_factory, policy_models_root):
     shared = {"BRIDGE_CHECKPOINT_DIR": str(tmp / "checkpoints")}
     retriever = retriever_factory("console-retriever", **shared)
     with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
-        ingest_file(client, REPO / "services/cli/demo/hotpotqa_corpus.jsonl", progress=False)
+        ingest_file(client, REPO / "services/demo_data/hotpotqa_corpus.jsonl", progress=False)
     env = policy_env(policy_models_root, retriever.url, BRIDGE_POLICY_ENGINE="transformers",
                      BRIDGE_POLICY_MAX_NEW_TOKENS="24", BRIDGE_POLICY_DTYPE="float32", **shared)  # fmt: skip
     policy = start_service("policy", tmp / "policy", env, timeout=300)

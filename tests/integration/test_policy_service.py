@@ -18,7 +18,7 @@ from services.common.schemas.policy import TrajectoryRecord
 from tests.conftest import REPO, policy_env, start_service, stop_service
 
 pytestmark = pytest.mark.slow
-QUESTIONS = [json.loads(line) for line in (REPO / "services/cli/demo/hotpotqa_questions.jsonl").open()]
+QUESTIONS = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_questions.jsonl").open()]
 # vLLM (bf16 weights, its own kernels) against a transformers fp32 recomputation of the same tokens:
 # measured mean |diff| 0.037 nats, max 0.24 (236 tokens); we allow 0.1 mean and 1.0 for any single token.
 LOGPROB_MEAN_TOL = 0.1
@@ -302,7 +302,7 @@ def test_bridge_rl_eval_pins_a_version_and_writes_results(policy, tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "services.cli.main", "eval", "--dataset", "hotpotqa", "--limit", "2",
          "--mode", "direct", "--mode", "naive-rag", "--policy", version, "--url", policy.url,
-         "--qa-dir", str(REPO / "services/cli/demo"), "--out", str(out), "--max-turns", "1"],
+         "--qa-dir", str(REPO / "services/demo_data"), "--out", str(out), "--max-turns", "1"],
         env={**policy.env, "BRIDGE_DATA_DIR": str(tmp_path), "BRIDGE_ADMIN_TOKEN": policy.token},
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )  # fmt: skip

@@ -28,7 +28,7 @@ def test_a_doc_tower_with_nan_weights_fails_its_reembed_visibly(retriever_factor
     service = retriever_factory("reembed-fail")
     client = RetrieverClient(service.url, admin_token=service.token, timeout=600)
     corpus = tmp_path / "small.jsonl"
-    corpus.write_text("".join((REPO / "services/cli/demo/hotpotqa_corpus.jsonl").read_text().splitlines(True)[:120]))
+    corpus.write_text("".join((REPO / "services/demo_data/hotpotqa_corpus.jsonl").read_text().splitlines(True)[:120]))
     ingest_file(client, corpus, progress=False)
     question = "Which award is presented by the Science Fiction and Fantasy Writers of America?"
     before = client.search([question], top_k=3, candidates=10)

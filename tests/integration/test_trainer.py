@@ -26,7 +26,7 @@ def stack(tmp_path_factory, retriever_factory, policy_models_root):
     shared = {"BRIDGE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
     retriever = retriever_factory("trainer-retriever", **shared)
     with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
-        ingest_file(client, REPO / "services/cli/demo/hotpotqa_corpus.jsonl", progress=False)
+        ingest_file(client, REPO / "services/demo_data/hotpotqa_corpus.jsonl", progress=False)
     env = policy_env(policy_models_root, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS="32", **shared)
     policy = start_service("policy", tmp_path / "policy", env, timeout=900)
     trainer_env = {
@@ -109,7 +109,7 @@ def test_two_bridge_rounds_publish_retriever_then_policy(stack):
 def test_live_learning_from_feedback(stack):
     policy = stack["policy"]
     train(stack, "--source", "live", "--live-batch", "4", "--rounds", "1", "--run-id", "it-live", "--no-wait")
-    questions = [json.loads(line) for line in (REPO / "services/cli/demo/hotpotqa_questions.jsonl").open()][:4]
+    questions = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_questions.jsonl").open()][:4]
     for i, q in enumerate(questions):
         served = httpx.post(policy.url + "/v1/agent/query", json={"question": q["question"], "max_turns": 1},
                             timeout=600).json()  # fmt: skip
