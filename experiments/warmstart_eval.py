@@ -137,8 +137,8 @@ def _stats(rows: list[dict]) -> dict[str, float]:
 
 async def _measure(model_dir: str, index_dir: Path, items, max_turns: int, max_new_tokens: int, batch_size: int):
     from services.common.answers import exact_match, f1_score, trajectory_text, valid_search_r1_sequence
+    from services.modeling.prompt import parse_search
     from services.policy.agent import AgentRunner, AgentTask, RetrievalSpec
-    from services.policy.prompt import parse_search
     from services.trainer.warmstart import InProcessRetriever
 
     engine = BatchedTransformersEngine(model_dir, batch_size=batch_size)
@@ -180,8 +180,8 @@ async def _measure(model_dir: str, index_dir: Path, items, max_turns: int, max_n
     return rows
 
 
-@app.command()
-def main(
+@app.command("in-process")
+def in_process(
     model_dir: Annotated[Path, typer.Option(help="HF policy folder (the merged warm start, or the raw base).")],
     index_dir: Annotated[Path, typer.Option(help="Data dir of the in-process retriever (its index, models).")],
     qa_dir: Annotated[Path, typer.Option(help="Question files <dataset>.jsonl.")] = REPO.parent / "shared/data/qa",
@@ -205,13 +205,73 @@ def main(
     rows = asyncio.run(_measure(str(model_dir), index_dir, items, max_turns, max_new_tokens, batch_size))
     wall = time.monotonic() - started
     summary = {d: _stats([r for r in rows if r["dataset"] == d]) for d in names}
-    keys = ("answered", "well_formed_search", "second_search", "copies_question", "em", "f1")
+    keys = ("answered", "well_formed_search", "second_search", "copies_question", "valid_format", "em", "f1")
     summary["mean"] = {k: round(sum(summary[d][k] or 0 for d in names) / len(names), 4) for k in keys}
     summary["wall_s"] = round(wall, 1)
     for name, stats in summary.items():
         typer.echo(f"{name:16} {stats}")
     if out is not None:
         out.write_text(json.dumps({"model_dir": str(model_dir), "summary": summary, "rows": rows}, indent=1))
+
+
+@app.command("from-service")
+def from_service(
+    eval_dir: Annotated[Path, typer.Option(help="The --out folder of a `bridge-rl eval --mode agent` run.")],
+    url: Annotated[str, typer.Option(help="The policy service that answered (for its trajectories).")] = (
+        "http://127.0.0.1:8000"
+    ),
+    out: Annotated[Path | None, typer.Option(help="Write the summary here (JSON).")] = None,
+) -> None:
+    """The same statistics from a `bridge-rl eval` run over the live services: each question's trajectory is read
+    back from the policy service (GET /v1/trajectories/{id}) for its queries and text."""
+    import httpx
+
+    from services.common.answers import valid_search_r1_sequence
+    from services.common.schemas.policy import TrajectoryRecord
+    from services.eval.report import read_results
+
+    results = [r for r in read_results(eval_dir / "results.jsonl") if r.mode == "agent"]
+    rows = []
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for r in results:
+            record = TrajectoryRecord.model_validate(client.get(f"/v1/trajectories/{r.trajectory_id}").json())
+            searches = [t.search for t in record.turns if t.search is not None]
+            rows.append(
+                {
+                    "dataset": r.dataset,
+                    "id": r.id,
+                    "answer": r.answer,
+                    "answered": float(r.answer is not None),
+                    "well_formed_search": float(bool(searches)),  # scaffold off: a search only follows one
+                    "searches": len(searches),
+                    "second_search": float(len(searches) >= 2),
+                    "copies_question": float(
+                        bool(searches) and searches[0].query.strip().lower() == r.question.strip().lower()
+                    ),
+                    "valid_format": float(valid_search_r1_sequence(_with_observations(record))),
+                    "recall": r.recall,
+                    "em": r.em,
+                    "f1": r.f1,
+                    "queries": [s.query for s in searches],
+                }
+            )
+    names = list(dict.fromkeys(r["dataset"] for r in rows))
+    summary = {d: _stats([r for r in rows if r["dataset"] == d]) for d in names}
+    keys = ("answered", "well_formed_search", "second_search", "copies_question", "valid_format", "em", "f1")
+    summary["mean"] = {k: round(sum(summary[d][k] or 0 for d in names) / len(names), 4) for k in keys}
+    for name, stats in summary.items():
+        typer.echo(f"{name:16} {stats}")
+    if out is not None:
+        out.write_text(json.dumps({"eval_dir": str(eval_dir), "summary": summary, "rows": rows}, indent=1))
+
+
+def _with_observations(record) -> str:
+    """The trajectory text the em-format scorer reads, rebuilt without a tokenizer: each turn's text, then an
+    <information> block where the turn searched (its contents do not change the format verdict)."""
+    return "".join(
+        t.text.replace("<|im_end|>", "") + ("\n\n<information>…</information>\n\n" if t.search else "")
+        for t in record.turns
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ that looks finished; a second run skips what is there.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import uuid
 from pathlib import Path
@@ -61,6 +62,33 @@ def prepare_policy_model(final: Path) -> bool:
     return True
 
 
+def prepare_warmstart_model(final: Path, base: Path, adapter: Path | None = None) -> bool:
+    """Merge the shipped warm-start LoRA into the converted base (bf16). Skipped when `final` holds a merge of
+    this same adapter (its manifest's sha256s); re-merged when the shipped adapter changed."""
+    from services.trainer.warmstart import MANIFEST, SHIPPED_ADAPTER_DIR, verify_adapter
+
+    adapter = adapter or SHIPPED_ADAPTER_DIR
+    manifest = verify_adapter(adapter)
+    done = final / "warmstart_manifest.json"
+    if (final / "config.json").exists() and done.exists():
+        if json.loads(done.read_text()).get("files") == manifest["files"]:
+            return False
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16)
+    model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    staging = _staging(final)
+    model.save_pretrained(str(staging), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(staging))
+    shutil.copyfile(adapter / MANIFEST, staging / "warmstart_manifest.json")
+    if final.exists():
+        shutil.rmtree(final)
+    staging.replace(final)
+    return True
+
+
 def prepare_all(settings: CommonSettings, policy: bool = True) -> dict[str, str]:
     steps = [("retriever: all-MiniLM-L6-v2", prepare_retriever_model, settings.retriever_model_dir)]
     if policy:
@@ -68,7 +96,14 @@ def prepare_all(settings: CommonSettings, policy: bool = True) -> dict[str, str]
             (
                 "policy: SmolLM2-135M-Instruct (GGUF -> bf16 safetensors)",
                 prepare_policy_model,
-                settings.policy_model_dir,
+                settings.base_policy_model_dir,
+            )
+        )
+        steps.append(
+            (
+                "policy: warm start (base + services/policy/warmstart_adapter, merged)",
+                lambda final: prepare_warmstart_model(final, settings.base_policy_model_dir),
+                settings.warmstart_policy_model_dir,
             )
         )
     report: dict[str, str] = {}

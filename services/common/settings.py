@@ -16,6 +16,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_DATA_DIR = Path.home() / ".bridge"
 RETRIEVER_MODEL_NAME = "all-MiniLM-L6-v2"
 POLICY_MODEL_NAME = "SmolLM2-135M-Instruct"
+# The base merged with the shipped warm-start LoRA (services/policy/warmstart_adapter/), written by `prepare`.
+WARMSTART_MODEL_NAME = "SmolLM2-135M-Instruct-warmstart"
 log = logging.getLogger(__name__)
 
 
@@ -66,8 +68,19 @@ class CommonSettings(BaseSettings):
         return self.models_dir / RETRIEVER_MODEL_NAME
 
     @property
-    def policy_model_dir(self) -> Path:
+    def base_policy_model_dir(self) -> Path:
+        """SmolLM2-135M-Instruct as converted from its GGUF, untrained (what the warm start trains from)."""
         return self.models_dir / POLICY_MODEL_NAME
+
+    @property
+    def warmstart_policy_model_dir(self) -> Path:
+        return self.models_dir / WARMSTART_MODEL_NAME
+
+    @property
+    def policy_model_dir(self) -> Path:
+        """The default policy: the warm-started model once `bridge-rl prepare` has merged it, else the base."""
+        merged = self.warmstart_policy_model_dir
+        return merged if (merged / "config.json").exists() else self.base_policy_model_dir
 
     def resolve_admin_token(self) -> str:
         """The configured token, else one generated once and kept in `<data_dir>/admin_token` (mode 600)."""

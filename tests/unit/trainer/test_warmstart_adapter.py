@@ -1,0 +1,45 @@
+"""The shipped warm-start adapter: its manifest matches its files, `prepare` merges it once (and again only when it
+changes), a tampered file is refused, and the merged folder becomes the default policy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from services.cli.prepare import prepare_warmstart_model
+from services.common.settings import CommonSettings
+from services.trainer.warmstart import EVAL_SPLIT, SHIPPED_ADAPTER_DIR, verify_adapter
+
+
+def test_shipped_manifest_matches_its_files_and_the_split():
+    manifest = verify_adapter(SHIPPED_ADAPTER_DIR)
+    assert set(manifest["files"]) == {"adapter_model.safetensors", "adapter_config.json"}
+    assert manifest["command"].startswith("bridge-rl warmstart") and manifest["data"]["eval_split"] == EVAL_SPLIT
+    assert manifest["training"]["heldout_loss"][-1]["loss"] < manifest["training"]["heldout_loss"][0]["loss"]
+    # no trained id is among the first EVAL_SPLIT questions of its file (checked against the shared data if present)
+    qa_dir = SHIPPED_ADAPTER_DIR.parents[2].parent / "shared" / "data" / "qa"
+    for dataset, ids in manifest["data"]["trained_ids"].items():
+        path = qa_dir / f"{dataset}.jsonl"
+        if path.exists():
+            evaluation = {json.loads(line)["id"] for line in path.open().readlines()[:EVAL_SPLIT]}
+            assert not evaluation & set(ids)
+
+
+def test_prepare_merges_once_and_refuses_a_tampered_adapter(tmp_path, policy_models_root):
+    base = policy_models_root / "SmolLM2-135M-Instruct"
+    final = tmp_path / "models" / "SmolLM2-135M-Instruct-warmstart"
+    settings = CommonSettings(data_dir=tmp_path)
+    assert settings.policy_model_dir == settings.base_policy_model_dir  # nothing merged yet: the raw base
+    assert prepare_warmstart_model(final, base) is True
+    assert (final / "config.json").exists() and (final / "warmstart_manifest.json").exists()
+    assert settings.policy_model_dir == final  # the merged warm start is now the default policy
+    assert prepare_warmstart_model(final, base) is False  # idempotent
+    tampered = tmp_path / "adapter"
+    shutil.copytree(SHIPPED_ADAPTER_DIR, tampered)
+    config = json.loads((tampered / "adapter_config.json").read_text())
+    config["r"] = 4
+    (tampered / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="sha256"):
+        prepare_warmstart_model(final, base, tampered)
