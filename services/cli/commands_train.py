@@ -1,0 +1,220 @@
+"""`bridge-rl train | warmstart`: training runs on the Celery workers, and the policy's cold start."""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from services.cli.app import app
+
+
+class AlgoName(StrEnum):
+    search_r1 = "search-r1"
+    retriever_only = "retriever-only"
+    alt_rp = "alt-rp"
+    alt_pr = "alt-pr"
+    joint = "joint"
+    bridge = "bridge"
+
+
+class PolicyRollouts(StrEnum):
+    reweighted = "reweighted"
+    fresh = "fresh"
+
+
+class SourceName(StrEnum):
+    dataset = "dataset"
+    live = "live"
+
+
+class RewardName(StrEnum):
+    em = "em"
+    f1 = "f1"
+    em_format = "em-format"
+
+
+class EstimatorName(StrEnum):
+    bridge = "bridge"
+    two_state = "two-state"
+    drop = "drop"
+
+
+class RetrieverParams(StrEnum):
+    full = "full"
+    lora = "lora"
+
+
+@app.command()
+def train(
+    config: Annotated[
+        Path | None, typer.Option(help="A run config TOML (see --print-config); flags and --set override it.")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override any field, repeatable: --set algo.beta=0.02 --set candidates=30."),
+    ] = None,
+    print_config: Annotated[
+        bool, typer.Option(help="Print the resolved config as TOML (every field, with its meaning) and exit.")
+    ] = False,
+    algo: Annotated[AlgoName | None, typer.Option(help="Update rule (all share one code path).")] = None,
+    estimator: Annotated[
+        EstimatorName | None,
+        typer.Option(help="--algo bridge: bridge (the paper's, no second retriever state), two-state or drop."),
+    ] = None,
+    retriever_params: Annotated[
+        RetrieverParams | None, typer.Option(help="Train the whole query tower, or a query-side LoRA (the paper's).")
+    ] = None,
+    gamma: Annotated[
+        float | None, typer.Option(help="The paper's fixed penalty (0.02); replaces the lambda schedule.")
+    ] = None,
+    reward: Annotated[
+        RewardName | None,
+        typer.Option(help="Rollout reward: em (the paper's), f1, or em-format (Search-R1's format-aware EM)."),
+    ] = None,
+    dataset: Annotated[str | None, typer.Option(help="Questions: <BRIDGE_TRAINER_QA_DIR>/<dataset>.jsonl.")] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds.")] = None,
+    questions_per_round: Annotated[int | None, typer.Option(min=1, max=64, help="Questions per round.")] = None,
+    group_size: Annotated[int | None, typer.Option(min=2, max=16, help="Rollouts per question (G).")] = None,
+    seed: Annotated[int | None, typer.Option(help="The same seed gives the same run.")] = None,
+    max_turns: Annotated[int | None, typer.Option(min=0, max=8, help="Searches per rollout.")] = None,
+    q_prior: Annotated[
+        bool | None,
+        typer.Option(help="Q_theta as the posterior p_deployed(d) pi(y*|x,d)^(1/beta_Q): re-weight, not replace."),
+    ] = None,
+    policy_rollouts: Annotated[
+        PolicyRollouts | None,
+        typer.Option(
+            help="How the policy step sees the adapted retriever: reweighted (logged rollouts, weighted by the "
+            "clipped retrieval ratio) or fresh (publish the retriever, collect again, step the policy on those; "
+            "bridge and alt-rp).",
+        ),
+    ] = None,
+    source: Annotated[
+        SourceName | None,
+        typer.Option(
+            help="dataset (rollouts on --dataset) or live (served trajectories rewarded by POST /v1/feedback)."
+        ),
+    ] = None,
+    live_batch: Annotated[int | None, typer.Option(min=1, help="Live: rewarded trajectories per round.")] = None,
+    max_staleness: Annotated[int | None, typer.Option(min=0, help="Live: max policy versions behind.")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Name of the run (default: generated).")] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Re-enqueue an existing --run-id from its last published round.")
+    ] = False,
+    wait: Annotated[bool, typer.Option(help="Follow progress until the run ends.")] = True,
+) -> None:
+    """Start (or resume) a training run on the Celery workers; each round publishes retriever, then policy.
+
+    The run's config is one TOML file (--print-config shows every field and its default); the flags here and
+    --set KEY=VALUE override it field by field. It is saved as <run>/config.toml."""
+    import uuid
+
+    from pydantic import ValidationError
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from services.trainer.config_file import load_run_config, parse_override, to_toml
+    from services.trainer.round_files import start_run
+    from services.trainer.run_state import RunState, read_metrics
+    from services.trainer.settings import TrainerSettings
+    from services.trainer.submit import enqueue, follow
+
+    flags = {
+        "algo.algo": algo, "algo.estimator": estimator, "algo.retriever_params": retriever_params,
+        "algo.gamma": gamma, "dataset": dataset, "rounds": rounds, "questions_per_round": questions_per_round,
+        "algo.group_size": group_size, "algo.seed": seed, "max_turns": max_turns, "algo.q_prior": q_prior,
+        "algo.policy_rollouts": policy_rollouts, "source": source, "live_batch": live_batch,
+        "max_staleness": max_staleness, "run_id": run_id, "reward": reward,
+    }  # fmt: skip
+    overrides = [(k.split("."), v.value if isinstance(v, StrEnum) else v) for k, v in flags.items() if v is not None]
+    try:
+        run_config = load_run_config(config, [*overrides, *(parse_override(text) for text in set_ or [])])
+    except (ValidationError, ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config/--set") from exc
+    if print_config:
+        typer.echo(to_toml(run_config), nl=False)
+        return
+    settings = TrainerSettings()
+    if resume:
+        if not run_config.run_id:
+            raise typer.BadParameter("--resume needs --run-id")
+        state = RunState.load(settings.runs_dir, run_config.run_id)
+        state.status = "running"
+        state.save(settings.runs_dir)
+    else:
+        if not run_config.run_id:
+            run_config = run_config.model_copy(update={"run_id": f"{run_config.algo.algo}-{uuid.uuid4().hex[:6]}"})
+        state = start_run(settings, run_config)
+    run_id = state.config.run_id
+    enqueue(settings, run_id, state.next_round)
+    typer.echo(f"run {run_id}: {settings.runs_dir / run_id}")
+    if not wait:
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
+                  TimeElapsedColumn()) as progress:  # fmt: skip
+        task = progress.add_task(f"training {run_id}", total=state.config.rounds, completed=state.next_round)
+        state = follow(settings, run_id, lambda done: progress.update(task, completed=done))
+    for row in read_metrics(settings.runs_dir, run_id):
+        typer.echo(
+            f"round {row['round']}: reward {row['reward/mean']:.3f} em {row['em/mean']:.3f} f1 {row['f1/mean']:.3f} "
+            f"recall {row['recall/support']:.3f} lambda {row['lambda']:.2f} -> retriever {row['retriever_version']}, "
+            f"policy {row['policy_version']} ({row['time/train_s']:.0f}s, {row['memory/peak_mb']:.0f} MB)"
+        )
+    if state.status == "failed":
+        typer.echo(f"run failed: {state.error}", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def warmstart(
+    qa_dir: Annotated[Path, typer.Option(help="Question files <dataset>.jsonl (e.g. ../shared/data/qa).")],
+    corpus: Annotated[
+        list[Path] | None,
+        typer.Option(help="Corpus JSONL to ingest into the warm start's index first (repeatable; skipped if in)."),
+    ] = None,
+    index_dir: Annotated[
+        Path | None, typer.Option(help="Data dir of the in-process retriever index (default <data_dir>/warmstart).")
+    ] = None,
+    datasets: Annotated[str, typer.Option(help="Comma-separated datasets.")] = "nq,triviaqa,popqa,hotpotqa,2wiki"
+    "multihopqa",
+    per_dataset: Annotated[int, typer.Option(min=1, help="Training-pool questions per dataset.")] = 160,
+    epochs: Annotated[float, typer.Option(min=0.1, help="Passes over the examples.")] = 1.0,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate of the LoRA.")] = 4e-4,
+    rank: Annotated[int, typer.Option(min=1, help="LoRA rank (every linear layer).")] = 16,
+    max_minutes: Annotated[float | None, typer.Option(help="Stop training after this long (recorded).")] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the question draw, the order and the LoRA init.")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Adapter folder (default: the shipped one).")] = None,
+    examples_cache: Annotated[Path | None, typer.Option(help="Reuse / keep the built trajectories here.")] = None,
+) -> None:
+    """Cold-start SFT of the policy on Search-R1-format trajectories built with the real retriever; writes the
+    LoRA adapter (safetensors + manifest.json) that `bridge-rl prepare` merges into the default policy."""
+    import shlex
+
+    from services.common.settings import CommonSettings
+    from services.trainer.warmstart import SHIPPED_ADAPTER_DIR, WarmstartConfig, run_warmstart
+
+    settings = CommonSettings()
+    config = WarmstartConfig(
+        datasets=[d.strip() for d in datasets.split(",") if d.strip()], per_dataset=per_dataset, epochs=epochs,
+        lr=lr, lora_rank=rank, lora_alpha=2 * rank, max_minutes=max_minutes, seed=seed,
+    )  # fmt: skip
+    manifest = run_warmstart(
+        config,
+        qa_dir=qa_dir,
+        index_dir=index_dir or settings.data_dir / "warmstart",
+        corpus=corpus or [],
+        base_model_dir=settings.base_policy_model_dir,
+        encoder_dir=settings.retriever_model_dir,
+        out=out or SHIPPED_ADAPTER_DIR,
+        command="bridge-rl " + shlex.join(sys.argv[1:]),
+        examples_cache=examples_cache,
+    )
+    training = manifest["training"]
+    held = training["heldout_loss"]
+    typer.echo(
+        f"adapter: {out or SHIPPED_ADAPTER_DIR} ({training['train_examples']} examples, {training['steps']} steps, "
+        f"{training['wall_s']:.0f}s, held-out loss {held[0]['loss']:.3f} -> {held[-1]['loss']:.3f})"
+    )
