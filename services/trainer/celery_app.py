@@ -1,5 +1,5 @@
 """The Celery app: broker and result backend from REDIS_URL; built by a factory, never at import time
-of the service code (the module-level `app` exists for the `celery -A` command line only)."""
+(`celery -A services.trainer.celery_app` asks for `app`, which is built then, from the environment)."""
 
 from __future__ import annotations
 
@@ -29,4 +29,8 @@ def make_celery(settings: TrainerSettings | None = None) -> Celery:
     return app
 
 
-app = make_celery()
+def __getattr__(name: str) -> Celery:
+    """PEP 562: the module's `app` is made when something asks for it, not when the module is imported."""
+    if name in ("app", "celery"):
+        return make_celery()
+    raise AttributeError(name)
