@@ -128,6 +128,7 @@ def policy_env(models_root: Path, retriever_url: str, **extra: str) -> dict[str,
 
     return {
         "BRIDGE_POLICY_MODEL_DIR": str(models_root / "SmolLM2-135M-Instruct"),
+        "BRIDGE_POLICY_INITIAL_SEARCH": "true",  # the raw base never writes <search> itself: keep the scaffold
         "BRIDGE_POLICY_RETRIEVER_URL": retriever_url,
         "BRIDGE_POLICY_VLLM_PORT": str(free_port()),
         "BRIDGE_POLICY_TRAJECTORY_STREAM": f"bridge:test:{uuid.uuid4().hex[:8]}",

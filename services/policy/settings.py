@@ -39,9 +39,10 @@ class PolicySettings(CommonSettings):
     retriever_url: str = "http://127.0.0.1:8001"
     max_new_tokens: int = Field(256, ge=8, le=4096, description="Tokens per generation turn.")
     initial_search: bool = Field(
-        True,
-        description="Retrieve with the question before the first generation. Small models (SmolLM2-135M) "
-        "almost never emit <search> on their own; set false for Search-R1's pure protocol on larger models.",
+        False,
+        description="Retrieve with the question before the first generation: a scaffold for policies that never "
+        "emit <search> on their own (the raw SmolLM2-135M). Off by default: the default policy is the warm start, "
+        "which writes its own <search> on 99 % of evaluation questions (docs/warmstart.md).",
     )
     serve_temperature: float = Field(
         0.0,

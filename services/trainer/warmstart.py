@@ -355,9 +355,6 @@ class WarmstartConfig(BaseModel):
 
     datasets: list[str] = Field(default_factory=lambda: list(DEFAULT_DATASETS))
     per_dataset: int = Field(160, ge=1, description="Training-pool questions drawn per dataset (seeded).")
-    multi_hop_second_search_first: bool = Field(
-        True, description="Draw multi-hop questions whose trajectory has a second search before the others."
-    )
     heldout: int = Field(24, ge=0, description="Examples kept out of training for the held-out loss.")
     top_k: int = Field(3, ge=1, le=10, description="Passages per search (serving's default).")
     max_len: int = Field(1536, ge=256, description="Longer trajectories are dropped, never truncated.")
