@@ -146,7 +146,8 @@ def run_one(row: str, models: Path, batch_file: Path, retriever_params: str) -> 
     policy = PolicyModel(models / "SmolLM2-135M-Instruct", None, 8, 16)
     retriever = RetrieverModel(models / "all-MiniLM-L6-v2", None, params=retriever_params)
     records = [TrajectoryRecord.model_validate(r) for r in data["records"]]
-    cfg = AlgoConfig(algo="bridge" if algo == "second-order" else algo, estimator=estimator, group_size=2,
+    group = len({r.group_index for r in records})  # the batch file says how many rollouts a question has
+    cfg = AlgoConfig(algo="bridge" if algo == "second-order" else algo, estimator=estimator, group_size=group,
                      retriever_params=retriever_params)  # fmt: skip
     batch = build_batch(records, cfg, policy.tokenizer, {k: tuple(v) for k, v in data["docs"].items()})
     retriever.doc_vectors(sorted(batch.doc_texts), batch.doc_texts)  # warm the frozen e_d cache
