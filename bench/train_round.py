@@ -184,7 +184,7 @@ def main() -> None:
     results = {}
     for row in ROWS:
         out = subprocess.run([sys.executable, __file__, "--one", row, "--batch", str(batch_file),
-                              "--retriever-params", args.retriever_params],
+                              "--retriever-params", args.retriever_params, "--work", str(args.work)],
                              capture_output=True, text=True, check=True)  # fmt: skip
         results[row] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"\nretriever params: {args.retriever_params}")
