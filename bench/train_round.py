@@ -155,7 +155,11 @@ def run_one(row: str, models: Path, batch_file: Path, retriever_params: str) -> 
     reset_peak()
     started = time.perf_counter()
     if algo == "second-order":
-        second_order_round(policy, retriever, batch, cfg, 1.0)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        # Hessian-vector products need a double backward, which the CPU flash-attention kernel lacks.
+        with sdpa_kernel(SDPBackend.MATH):
+            second_order_round(policy, retriever, batch, cfg, 1.0)
     elif retriever_only:  # the lower level alone: Q_theta, z (two-state), phi
         score_old_retrieval(retriever, batch, cfg.tis_cap)
         retriever_phase(policy, retriever, batch, cfg, 1.0, RoundOptimizers(cfg))
