@@ -61,22 +61,24 @@ class PolicyModel:
         return logps.sum()
 
     def answer_logprobs(self, contexts: Sequence[Sequence[int]], answer_ids: Sequence[int]) -> torch.Tensor:
-        """sum_t log pi(y*_t | context_i, y*_<t) for every context at once: one right-padded forward, the answer
-        tokens' log-probs gathered by mask; (M,), differentiable. Same numbers as `answer_logprob` per context."""
-        lengths = [len(c) + len(answer_ids) for c in contexts]
-        width = max(lengths)
+        """sum_t log pi(y*_t | context_i, y*_<t) for every context at once: one LEFT-padded forward (position ids
+        from the mask, so padding changes nothing), so the answers line up at the end and only their logits are
+        computed (a full-vocabulary log-softmax over every position was most of Q_theta's memory); (M,),
+        differentiable. Same numbers as `answer_logprob` per context."""
+        n_answer = len(answer_ids)
+        width = max(len(c) for c in contexts) + n_answer
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)  # (M, L)
         attention_mask = torch.zeros((len(contexts), width), dtype=torch.long)
-        answer_mask = torch.zeros((len(contexts), width - 1))  # (M, L - 1): position p predicts token p + 1
         for i, context in enumerate(contexts):
             row = list(context) + list(answer_ids)
-            input_ids[i, : len(row)] = torch.tensor(row)
-            attention_mask[i, : len(row)] = 1
-            answer_mask[i, len(context) - 1 : len(row) - 1] = 1
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # (M, L-1, V)
-        token_logps = torch.log_softmax(logits, dim=-1).gather(2, input_ids[:, 1:, None])[..., 0]  # (M, L - 1)
-        return (token_logps * answer_mask).sum(-1)
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            attention_mask[i, width - len(row) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            logits_to_keep=n_answer + 1).logits[:, :-1].float()  # (M, n_answer, V)  # fmt: skip
+        targets = input_ids[:, width - n_answer :]  # (M, n_answer)
+        return torch.log_softmax(logits, dim=-1).gather(2, targets[..., None])[..., 0].sum(-1)
 
     def save_adapter(self, folder: Path) -> None:
         self.model.save_pretrained(str(folder))
