@@ -110,7 +110,8 @@ def test_decoding_temperature_is_read_from_each_trajectory(dirs):
     assert torch.allclose(batch.old_logps[1], at_half, atol=1e-5)
 
 
-@pytest.mark.parametrize("algo", ["search-r1", "bridge"])
+# The bridge variant (phi and z optimizers too) runs four rounds of the whole algorithm: `make test-all` only.
+@pytest.mark.parametrize("algo", ["search-r1", pytest.param("bridge", marks=pytest.mark.heavy)])
 def test_two_rounds_equal_one_process_with_one_optimizer(dirs, tmp_path, algo):
     """Round 1, save the adapter, query tower and optimizer state, reload all in new models, round 2 ==
     the same two rounds in one process with one set of optimizers."""
