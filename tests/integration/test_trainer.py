@@ -78,7 +78,7 @@ def metrics(stack, run_id: str) -> list[dict]:
 def test_two_bridge_rounds_publish_retriever_then_policy(stack):
     retriever, policy = stack["retriever"], stack["policy"]
     print(train(stack, "--algo", "bridge", "--estimator", "two-state", "--dataset", "hotpotqa", "--rounds", "2",
-                "--questions-per-round", "4", "--group-size", "2", "--seed", "0", "--max-turns", "1",
+                "--questions-per-round", "2", "--group-size", "2", "--seed", "0", "--max-turns", "1",
                 "--set", "algo.max_grad_norm=0.5", "--run-id", "it-bridge").stdout)  # fmt: skip
     rows = metrics(stack, "it-bridge")
     assert [r["round"] for r in rows] == [0, 1]
