@@ -20,7 +20,6 @@ advantage is zero. As DGPO and Tool-Star do, we first fine-tune on search-format
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import random
@@ -33,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from services.common.answers import normalize_answer
+from services.common.checkpoints import sha256_file
 from services.common.schemas.policy import TrajectoryRecord, TurnRecord
 from services.common.schemas.retriever import Document, SearchRequest, SearchResponse
 
@@ -491,14 +491,6 @@ def train_lora(model: Any, train: Sequence[SFTExample], heldout: Sequence[SFTExa
 
 
 # ---------------------------------------------------------------------------------------------------- artefact
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_adapter(folder: Path) -> dict[str, Any]:
     """The manifest, after checking every file it lists against its sha256."""
     manifest = load_shipped_manifest(folder)
