@@ -1,6 +1,6 @@
 """Measure a policy in `agent` mode with the initial-search scaffold off, in-process: the policy service's own
 agent loop (services/policy/agent.py: prompt, stops, <information> formatting, parsing) over a batched
-transformers engine and the retriever service's own code (services.trainer.warmstart.InProcessRetriever).
+transformers engine and the retriever service's own code (services.retriever.inprocess.InProcessRetriever).
 
 Reports per dataset: the share of questions that close an <answer>, the share with a well-formed <search>,
 searches per question, the share with a second search, how often the first search copies the question, Search-R1's
@@ -139,7 +139,7 @@ async def _measure(model_dir: str, index_dir: Path, items, max_turns: int, max_n
     from services.common.answers import exact_match, f1_score, trajectory_text, valid_search_r1_sequence
     from services.modeling.prompt import parse_search
     from services.policy.agent import AgentRunner, AgentTask, RetrievalSpec
-    from services.trainer.warmstart import InProcessRetriever
+    from services.retriever.inprocess import InProcessRetriever
 
     engine = BatchedTransformersEngine(model_dir, batch_size=batch_size)
     await engine.start()
@@ -194,7 +194,8 @@ def in_process(
 ) -> None:
     """Agent mode, scaffold off, greedy: answered share, well-formed searches, EM/F1 per dataset."""
     from services.eval.datasets import load_items
-    from services.trainer.warmstart import load_shipped_manifest, refuse_trained_questions
+    from services.eval.split import refuse_trained_questions
+    from services.trainer.warmstart import load_shipped_manifest
 
     names = [d.strip() for d in datasets.split(",") if d.strip()]
     items = [i for d in names for i in load_items(qa_dir, d, limit)]

@@ -1,9 +1,11 @@
 """Builds the demo corpus and questions that ship in the repo (a user's clone has no ../shared).
 
-HotpotQA only: CC BY-SA 4.0, which allows redistribution with attribution under the same licence.
-The first N shared hotpotqa questions and the 10 context passages of each (supporting and distractor).
+HotpotQA only: CC BY-SA 4.0, which allows redistribution with attribution under the same licence. The questions
+come from the training pool (after the evaluation split, services/eval/split.py) and leave out those the shipped
+warm-start adapter trained on, so the demo trains on questions the policy has not seen; the corpus is the 10
+context passages (supporting and distractor) of each.
 
-    python tools/make_demo_data.py ../shared/data 80
+    python -m tools.make_demo_data ../shared/data 80
 """
 
 from __future__ import annotations
@@ -12,15 +14,19 @@ import json
 import sys
 from pathlib import Path
 
+from services.eval.split import trained_ids, training_rows
+from services.trainer.warmstart import load_shipped_manifest
+
 OUT = Path(__file__).resolve().parents[1] / "services" / "demo_data"
 
 
 def main(data: Path, n: int) -> None:
-    questions = [json.loads(line) for line in (data / "qa" / "hotpotqa.jsonl").open()][:n]
+    seen = trained_ids(load_shipped_manifest() or {}).get("hotpotqa", set())
+    questions = [row for _, row in training_rows(data / "qa", "hotpotqa") if row["id"] not in seen][:n]
     wanted = {d for q in questions for d in q["metadata"]["context_doc_ids"]}
     corpus = [row for line in (data / "corpus" / "hotpotqa.jsonl").open() if (row := json.loads(line))["id"] in wanted]
     OUT.mkdir(parents=True, exist_ok=True)
-    with (OUT / "hotpotqa_questions.jsonl").open("w") as fh:
+    with (OUT / "hotpotqa_train.jsonl").open("w") as fh:
         fh.writelines(json.dumps(q) + "\n" for q in questions)
     with (OUT / "hotpotqa_corpus.jsonl").open("w") as fh:
         fh.writelines(json.dumps(row) + "\n" for row in corpus)

@@ -121,8 +121,9 @@ def evaluate(
     from services.eval.report import read_results, write_report
     from services.eval.runner import MODES
     from services.eval.runner import evaluate as run_eval
+    from services.eval.split import SplitViolation, refuse_trained_questions
     from services.trainer.settings import TrainerSettings
-    from services.trainer.warmstart import SplitViolation, load_shipped_manifest, refuse_trained_questions
+    from services.trainer.warmstart import load_shipped_manifest
 
     settings = TrainerSettings()
     qa = qa_dir or settings.qa_dir

@@ -194,6 +194,7 @@ def warmstart(
     import shlex
 
     from services.common.settings import CommonSettings
+    from services.retriever.inprocess import InProcessRetriever
     from services.trainer.warmstart import SHIPPED_ADAPTER_DIR, WarmstartConfig, run_warmstart
 
     settings = CommonSettings()
@@ -204,10 +205,11 @@ def warmstart(
     manifest = run_warmstart(
         config,
         qa_dir=qa_dir,
-        index_dir=index_dir or settings.data_dir / "warmstart",
+        open_retriever=lambda: InProcessRetriever(
+            index_dir or settings.data_dir / "warmstart", encoder_dir=settings.retriever_model_dir
+        ),
         corpus=corpus or [],
         base_model_dir=settings.base_policy_model_dir,
-        encoder_dir=settings.retriever_model_dir,
         out=out or SHIPPED_ADAPTER_DIR,
         command="bridge-rl " + shlex.join(sys.argv[1:]),
         examples_cache=examples_cache,

@@ -34,8 +34,13 @@ def question_file(qa_dir: Path, dataset: str) -> Path:
 
 
 def available(qa_dir: Path) -> list[str]:
-    """Datasets with a question file in `qa_dir`, in group order, then any others by name."""
-    names = {p.name.removesuffix(".jsonl").removesuffix("_questions") for p in qa_dir.glob("*.jsonl")}
+    """Datasets with a question file in `qa_dir`, in group order, then any others by name (a training-only
+    `<dataset>_train.jsonl` is not one: evaluation never reads it)."""
+    names = {
+        p.name.removesuffix(".jsonl").removesuffix("_questions")
+        for p in qa_dir.glob("*.jsonl")
+        if not p.name.endswith("_train.jsonl")
+    }
     known = [d for members in GROUPS.values() for d in members if d in names]
     return known + sorted(names - set(known))
 

@@ -10,6 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
+from services.common.hardware import resolve_dtype
+
 
 def mean_pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     mask = attention_mask.unsqueeze(-1).to(last_hidden.dtype)  # (B, T, 1)
@@ -28,8 +30,9 @@ class SentenceEncoder(torch.nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, max_length: int = 256, dtype: str = "float32") -> SentenceEncoder:
+        """`dtype`: float32, bfloat16, or auto (bf16 only where the CPU has it natively; services/common/hardware)."""
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        model = AutoModel.from_pretrained(str(folder), dtype=getattr(torch, dtype))
+        model = AutoModel.from_pretrained(str(folder), dtype=getattr(torch, resolve_dtype(dtype)))
         model.eval()
         return cls(model, tokenizer, max_length)
 

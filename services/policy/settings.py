@@ -35,7 +35,11 @@ class PolicySettings(CommonSettings):
     max_model_len: int = Field(4096, ge=256)
     max_lora_rank: int = Field(16, ge=1, le=256)
     max_loras: int = Field(4, ge=1, le=64)
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto",
+        description="Policy precision. auto: bf16 on a GPU or a CPU with native bf16 (AVX512-BF16/AMX), else fp32 "
+        "(emulated bf16 is ~85x slower on an AVX2-only CPU; services/common/hardware.py).",
+    )
     retriever_url: str = "http://127.0.0.1:8001"
     max_new_tokens: int = Field(256, ge=8, le=4096, description="Tokens per generation turn.")
     initial_search: bool = Field(

@@ -23,8 +23,10 @@ class RetrieverSettings(CommonSettings):
     hnsw_ef: int = Field(256, ge=8, le=4096, description="HNSW beam width; 256 keeps recall@10 >= 0.99 of exact.")
     max_length: int = Field(256, ge=8, le=512, description="Token cap per passage and query.")
     encode_batch_size: int = Field(16, ge=1, le=1024, description="Small batches pad less (measured best: 8-16).")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "bfloat16", description="Serving precision; bf16 encodes ~2x faster than fp32 on these CPUs."
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Serving precision. auto: bf16 where the CPU has native bf16 (~2x faster than fp32 there), "
+        "else fp32 (emulated bf16 is ~85x slower on an AVX2-only CPU; services/common/hardware.py).",
     )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     batch_wait_ms: float = Field(1.0, ge=0.0, le=100.0, description="How long to gather concurrent searches.")

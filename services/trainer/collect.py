@@ -47,7 +47,7 @@ def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
             raise RuntimeError(f"round {round_index}: fresh rollouts before the round's retriever is published")
         items = json.loads((folder / "items.json").read_text())
     else:
-        items = round_items(config, settings.qa_file(config.dataset), round_index)
+        items = round_items(config, settings.training_questions(config.dataset), round_index)
         write_json_atomic(folder / "items.json", items)
     r = redis_client(settings)
     tag = rollout_tag(run_id, round_index, name)

@@ -29,9 +29,9 @@ def ensure_group(r: redis.Redis, stream: str, run_id: str) -> None:
             raise
 
 
-def round_items(config: RunConfig, qa_file: Path, round_index: int) -> list[dict]:
-    """The round's questions: a deterministic function of (seed, round), so a resumed round asks the same."""
-    rows = [json.loads(line) for line in qa_file.open() if line.strip()]
+def round_items(config: RunConfig, rows: list[dict], round_index: int) -> list[dict]:
+    """The round's questions out of the training pool `rows`: a deterministic function of (seed, round), so a
+    resumed round asks the same."""
     rng = random.Random(config.algo.seed * 1_000_003 + round_index)
     return rng.sample(rows, min(config.questions_per_round, len(rows)))
 

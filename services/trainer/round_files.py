@@ -32,7 +32,7 @@ def start_run(settings: TrainerSettings, config: RunConfig) -> RunState:
     if config.source == "live":
         ensure_group(r, settings.feedback_stream, config.run_id)
     else:
-        settings.qa_file(config.dataset)  # fail now, not in a worker, when the dataset is missing
+        settings.training_questions(config.dataset)  # fail now, not in a worker, when there are none
         ensure_group(r, settings.trajectory_stream, config.run_id)
     state = RunState(config=config, lam=config.algo.initial_lambda)
     (folder / "config.toml").write_text(to_toml(config))

@@ -6,7 +6,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import CommonSettings
-from services.eval.datasets import question_file
+from services.eval.split import training_rows
 
 DEMO_QA_DIR = Path(__file__).resolve().parents[1] / "demo_data"
 
@@ -18,7 +18,11 @@ class TrainerSettings(CommonSettings):
 
     policy_url: str = "http://127.0.0.1:8000"
     retriever_url: str = "http://127.0.0.1:8001"
-    qa_dir: Path = Field(DEMO_QA_DIR, description="Where <dataset>.jsonl or <dataset>_questions.jsonl live.")
+    qa_dir: Path = Field(
+        DEMO_QA_DIR,
+        description="Where <dataset>_train.jsonl (all training) or <dataset>.jsonl (trained on after its "
+        "evaluation split) live.",
+    )
     trajectory_stream: str = Field("bridge:trajectories", description="Must match the policy service's stream.")
     policy_base_dir: Path | None = Field(
         None, description="Base policy folder; default <models>/SmolLM2-135M-Instruct."
@@ -74,8 +78,9 @@ class TrainerSettings(CommonSettings):
     def base_retriever_dir(self) -> Path:
         return self.retriever_base_dir or self.retriever_model_dir
 
-    def qa_file(self, dataset: str) -> Path:
+    def training_questions(self, dataset: str) -> list[dict]:
+        """The dataset's training-pool questions (never its evaluation split: services/eval/split.py)."""
         try:
-            return question_file(self.qa_dir, dataset)
+            return [row for _, row in training_rows(self.qa_dir, dataset)]
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{exc} (set BRIDGE_TRAINER_QA_DIR)") from exc

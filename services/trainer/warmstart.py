@@ -13,7 +13,8 @@ advantage is zero. As DGPO and Tool-Star do, we first fine-tune on search-format
    the shown passages contain, when one does);
 4. the loss covers exactly the tokens `TrajectoryRecord.generated_mask` marks (the agent's turns; never the
    prompt or the retrieved observations), as in RL;
-5. a LoRA on every linear layer, bf16 autocast on CPU, seeded, with a held-out loss; the adapter is written as
+5. a LoRA on every linear layer, bf16 autocast where the CPU has native bf16 (else fp32), seeded, with a held-out
+   loss; the adapter is written as
    safetensors + `manifest.json` (sha256 of each file, the command, the data split, the loss curve).
 """
 
@@ -24,21 +25,21 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from services.common.answers import normalize_answer
 from services.common.checkpoints import sha256_file
+from services.common.hardware import native_bf16
 from services.common.schemas.policy import TrajectoryRecord, TurnRecord
-from services.common.schemas.retriever import Document, SearchRequest, SearchResponse
+from services.common.schemas.retriever import SearchResponse
+from services.eval.split import EVAL_SPLIT, SplitViolation, training_rows
 
-EVAL_SPLIT = 100
-"""The first EVAL_SPLIT questions of every `<dataset>.jsonl` are the evaluation split (docs/results.md);
-the rest of each file is the training pool. Nothing trains on the evaluation split."""
 DEFAULT_DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa")
 MULTI_HOP = frozenset({"hotpotqa", "2wikimultihopqa", "musique"})
 SHIPPED_ADAPTER_DIR = Path(__file__).resolve().parents[1] / "policy" / "warmstart_adapter"
@@ -50,11 +51,6 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 THINK_SEARCH = "<think> I need to search for this. </think>\n"
 THINK_MORE = "<think> I need more information about {title}. </think>\n"
 THINK_ANSWER = "<think> I found the answer. </think>\n"
-
-
-class SplitViolation(ValueError):
-    """A question from the wrong side of the split: training on evaluation questions, or evaluating on trained
-    ones."""
 
 
 # ---------------------------------------------------------------------------------------------------- questions
@@ -69,56 +65,21 @@ class PoolItem(BaseModel):
     supporting_doc_ids: list[str] = Field(default_factory=list)
 
 
-def read_questions(qa_file: Path, dataset: str) -> list[PoolItem]:
-    items = []
-    with qa_file.open() as fh:
-        for position, line in enumerate(line for line in fh if line.strip()):
-            row = json.loads(line)
-            meta = row.get("metadata") or {}
-            items.append(
-                PoolItem(
-                    id=str(row["id"]),
-                    dataset=dataset,
-                    position=position,
-                    question=row["question"],
-                    golden_answers=[str(a) for a in row["golden_answers"]],
-                    supporting_doc_ids=[str(d) for d in meta.get("supporting_doc_ids") or []],
-                )
-            )
-    return items
-
-
-def refuse_evaluation_split(items: Iterable[PoolItem]) -> None:
-    """The split rule, enforced: no question at position < EVAL_SPLIT of its file may be trained on."""
-    bad = [f"{i.dataset}:{i.id} (line {i.position + 1})" for i in items if i.position < EVAL_SPLIT]
-    if bad:
-        raise SplitViolation(
-            f"{len(bad)} evaluation-split question(s) (the first {EVAL_SPLIT} of each file) in the training data: "
-            + ", ".join(bad[:5])
-        )
+def pool_item(dataset: str, position: int, row: dict[str, Any]) -> PoolItem:
+    meta = row.get("metadata") or {}
+    return PoolItem(
+        id=str(row["id"]),
+        dataset=dataset,
+        position=position,
+        question=row["question"],
+        golden_answers=[str(a) for a in row["golden_answers"]],
+        supporting_doc_ids=[str(d) for d in meta.get("supporting_doc_ids") or []],
+    )
 
 
 def training_pool(qa_dir: Path, dataset: str) -> list[PoolItem]:
-    """The questions after the evaluation split of `<qa_dir>/<dataset>.jsonl`."""
-    from services.eval.datasets import question_file
-
-    pool = read_questions(question_file(qa_dir, dataset), dataset)[EVAL_SPLIT:]
-    refuse_evaluation_split(pool)
-    return pool
-
-
-def trained_ids(manifest: dict[str, Any]) -> dict[str, set[str]]:
-    return {dataset: set(ids) for dataset, ids in (manifest.get("data", {}).get("trained_ids") or {}).items()}
-
-
-def refuse_trained_questions(items: Iterable[tuple[str, str]], manifest: dict[str, Any]) -> None:
-    """Evaluation's side of the split: refuse (dataset, id) pairs that the adapter of `manifest` trained on."""
-    seen = trained_ids(manifest)
-    bad = [f"{dataset}:{qid}" for dataset, qid in items if qid in seen.get(dataset, ())]
-    if bad:
-        raise SplitViolation(
-            f"{len(bad)} question(s) the warm-start adapter trained on cannot be evaluated: " + ", ".join(bad[:5])
-        )
+    """The training-pool questions of `dataset` (services/eval/split.py: never the evaluation split)."""
+    return [pool_item(dataset, position, row) for position, row in training_rows(qa_dir, dataset)]
 
 
 def load_shipped_manifest(folder: Path = SHIPPED_ADAPTER_DIR) -> dict[str, Any] | None:
@@ -127,57 +88,17 @@ def load_shipped_manifest(folder: Path = SHIPPED_ADAPTER_DIR) -> dict[str, Any] 
 
 
 # ---------------------------------------------------------------------------------------------------- retriever
-class InProcessRetriever:
-    """The retriever service's own code (encoder, Qdrant Edge index, greedy top-k), run in this process, with
-    the `search(queries, **params) -> SearchResponse` signature of `AsyncRetrieverClient`, so the agent loop
-    (services/policy/agent.py) runs over it unchanged."""
+class WarmstartRetriever(Protocol):
+    """What building the trajectories needs of a retriever: the retriever service's own code run in-process
+    (services/retriever/inprocess.py), so the `<information>` blocks are exactly what serving shows."""
 
-    def __init__(self, data_dir: Path, encoder_dir: Path | None = None) -> None:
-        from services.retriever.service import RetrieverService
-        from services.retriever.settings import RetrieverSettings
+    async def search(self, queries: list[str], **params: Any) -> SearchResponse: ...
 
-        settings = RetrieverSettings(data_dir=data_dir, encoder_dir=str(encoder_dir) if encoder_dir else None)
-        self.service = RetrieverService(settings)
+    def count(self) -> int: ...
 
-    async def __aenter__(self) -> InProcessRetriever:
-        await self.service.start()
-        return self
+    async def ingest(self, files: Sequence[Path], batch_size: int = 256) -> int: ...
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.service.stop()
-
-    async def search(self, queries: list[str], **params: Any) -> SearchResponse:
-        return await self.service.search(SearchRequest(queries=queries, **params))
-
-    def count(self) -> int:
-        return self.service.index.count(self.service.active.collection)
-
-    async def ingest(self, files: Sequence[Path], batch_size: int = 256) -> int:
-        """Upsert every passage of `files` (unchanged ones are skipped by content hash, as the service does)."""
-        from tqdm import tqdm
-
-        from services.cli.ingest import count_lines, read_documents
-
-        total = sum(count_lines(p) for p in files)
-        upserted = 0
-        with tqdm(total=total, unit="doc", desc="ingest corpus") as bar:
-            for path in files:
-                batch: list[Document] = []
-                for doc in read_documents(path):
-                    batch.append(doc)
-                    if len(batch) == batch_size:
-                        upserted += (await self.service.upsert_documents(batch))[0]
-                        bar.update(len(batch))
-                        batch = []
-                if batch:
-                    upserted += (await self.service.upsert_documents(batch))[0]
-                    bar.update(len(batch))
-        return upserted
-
-    def titles(self, doc_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-        """(title, text) of the stored passages among `doc_ids`."""
-        found = self.service.index.retrieve(self.service.active.collection, list(doc_ids))
-        return {doc_id: (p.get("title", ""), p.get("text", "")) for doc_id, p in found.items()}
+    def titles(self, doc_ids: Sequence[str]) -> dict[str, tuple[str, str]]: ...
 
 
 # ---------------------------------------------------------------------------------------------------- examples
@@ -321,7 +242,7 @@ def _shown(query: str, result: Any) -> Shown:
 
 
 async def build_examples(
-    retriever: InProcessRetriever, tokenizer: Any, items: Sequence[PoolItem], top_k: int = 3, batch: int = 64
+    retriever: WarmstartRetriever, tokenizer: Any, items: Sequence[PoolItem], top_k: int = 3, batch: int = 64
 ) -> list[SFTExample]:
     """Search with each question (greedy top-k, as serving), then, for multi-hop questions whose supporting
     passages the first search missed, search for the missing passage's title; keep that second search only when
@@ -380,7 +301,6 @@ def select_items(pools: dict[str, list[PoolItem]], config: WarmstartConfig) -> l
         pool = list(pools[dataset])
         rng.shuffle(pool)
         chosen += pool[: config.per_dataset]
-    refuse_evaluation_split(chosen)
     return chosen
 
 
@@ -412,7 +332,8 @@ def _sequence_loss(model: Any, example: SFTExample) -> tuple[Any, Any]:
 
     ids = torch.tensor([example.input_ids])  # (1, T)
     mask = torch.tensor([example.loss_mask])  # (1, T)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    # bf16 autocast only where the CPU has it natively: emulated bf16 is ~85x slower than fp32 (AVX2-only CPUs).
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16()):
         logits = model(input_ids=ids).logits  # (1, T, V)
     return masked_lm_loss(logits, ids, mask)
 
@@ -556,18 +477,17 @@ def write_adapter(model: Any, out: Path, manifest: dict[str, Any]) -> dict[str, 
 async def _examples_for(
     config: WarmstartConfig,
     qa_dir: Path,
-    index_dir: Path,
-    encoder_dir: Path | None,
+    open_retriever: Callable[[], AbstractAsyncContextManager[WarmstartRetriever]],
     corpus: Sequence[Path],
     tokenizer: Any,
 ) -> list[SFTExample]:
     pools = {d: training_pool(qa_dir, d) for d in config.datasets}
     items = select_items(pools, config)
-    async with InProcessRetriever(index_dir, encoder_dir) as retriever:
+    async with open_retriever() as retriever:
         if corpus:
             await retriever.ingest(corpus)
         if retriever.count() == 0:
-            raise ValueError(f"the retriever index in {index_dir} is empty: pass --corpus files to ingest")
+            raise ValueError("the warm start's retriever index is empty: pass --corpus files to ingest")
         return await build_examples(retriever, tokenizer, items, top_k=config.top_k)
 
 
@@ -591,10 +511,9 @@ def run_warmstart(
     config: WarmstartConfig,
     *,
     qa_dir: Path,
-    index_dir: Path,
+    open_retriever: Callable[[], AbstractAsyncContextManager[WarmstartRetriever]],
     corpus: Sequence[Path],
     base_model_dir: Path,
-    encoder_dir: Path | None = None,
     out: Path,
     command: str,
     examples_cache: Path | None = None,
@@ -611,7 +530,7 @@ def run_warmstart(
     if examples_cache is not None and examples_cache.exists():
         examples = [SFTExample.model_validate_json(line) for line in examples_cache.open()]
     else:
-        examples = asyncio.run(_examples_for(config, qa_dir, index_dir, encoder_dir, corpus, tokenizer))
+        examples = asyncio.run(_examples_for(config, qa_dir, open_retriever, corpus, tokenizer))
         if examples_cache is not None:
             examples_cache.parent.mkdir(parents=True, exist_ok=True)
             examples_cache.write_text("".join(e.model_dump_json() + "\n" for e in examples))

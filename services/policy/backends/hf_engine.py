@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from services.common.hardware import resolve_dtype
 from services.policy.backends.engine import BASE_ADAPTER, Engine, EngineError, Generation, SamplingSpec
 from services.policy.settings import PolicySettings
 
@@ -26,7 +27,7 @@ class TransformersEngine(Engine):
     async def start(self) -> None:
         def load():
             model = AutoModelForCausalLM.from_pretrained(
-                self.settings.resolved_model_dir, dtype=getattr(torch, self.settings.dtype)
+                self.settings.resolved_model_dir, dtype=getattr(torch, resolve_dtype(self.settings.dtype))
             )
             return model.eval()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 from transformers import AutoTokenizer
 
+from services.common.hardware import resolve_dtype
 from services.policy.backends.engine import BASE_ADAPTER, Engine, EngineError, Generation, SamplingSpec
 from services.policy.settings import PolicySettings
 
@@ -33,7 +34,7 @@ class VLLMEngine(Engine):
             "--model", s.resolved_model_dir,
             "--served-model-name", BASE_ADAPTER,
             "--host", "127.0.0.1", "--port", str(s.vllm_port),
-            "--dtype", s.dtype,
+            "--dtype", self._dtype(),
             "--max-model-len", str(s.max_model_len),
             "--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", str(s.max_loras),
             "--disable-uvicorn-access-log",
@@ -43,6 +44,13 @@ class VLLMEngine(Engine):
             *self._cpu_args(),
             *shlex.split(s.vllm_args),
         ]  # fmt: skip
+
+    def _dtype(self) -> str:
+        import torch
+
+        if torch.cuda.is_available() and self.settings.dtype == "auto":
+            return "auto"  # vLLM takes the checkpoint's (bf16 for SmolLM2 and Qwen2.5)
+        return resolve_dtype(self.settings.dtype)
 
     def _cpu_args(self) -> list[str]:
         import torch
