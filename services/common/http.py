@@ -1,14 +1,16 @@
-"""Pieces every FastAPI service uses: a body-size limit, bearer-token admin auth and optional API keys."""
+"""Pieces every FastAPI service uses: a body-size limit, bearer-token admin auth and optional API keys, the service
+object its lifespan builds, and `/healthz`."""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Sequence
+from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.common.errors import Forbidden, Unauthorized, error_body
+from services.common.errors import Forbidden, NotReady, Unauthorized, error_body
 
 
 class BodySizeLimit:
@@ -142,3 +144,24 @@ def install_request_middleware(app: FastAPI, max_body_bytes: int) -> None:
         route = request.scope.get("route")
         app.state.metrics.requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
         return response
+
+
+def app_service(request: Request, loading: str) -> Any:
+    """The service object the app's lifespan put on `app.state`; 503 (`loading` says why) until it has."""
+    service = getattr(request.app.state, "service", None)
+    if service is None:
+        raise NotReady(loading)
+    return service
+
+
+def app_metrics(request: Request) -> Any:
+    return request.app.state.metrics
+
+
+liveness = APIRouter()
+
+
+@liveness.get("/healthz")
+async def healthz() -> dict:
+    """The process answers; `/readyz` says whether its dependencies do."""
+    return {"status": "ok"}

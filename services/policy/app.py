@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.common.errors import install_error_handlers
-from services.common.http import install_request_middleware
+from services.common.http import install_request_middleware, liveness
 from services.policy.metrics import PolicyMetrics
 from services.policy.routes import agent, checkpoints, health, openai
 from services.policy.service import PolicyService, build_engine
@@ -28,7 +28,7 @@ def build_app(settings: PolicySettings | None = None) -> FastAPI:
         try:
             await service.start()
             app.state.service = service
-            log.info("policy ready: engine %s, version %s", settings.engine, service.adapters.active)
+            log.info("policy ready: engine %s, version %s", settings.engine, service.checkpoints.active)
             yield
         finally:
             app.state.service = None
@@ -44,6 +44,6 @@ def build_app(settings: PolicySettings | None = None) -> FastAPI:
     install_error_handlers(app, openai_paths=openai.OPENAI_PATHS)
     install_request_middleware(app, settings.max_body_bytes)
 
-    for router in (agent.router, openai.router, checkpoints.router, health.router):
+    for router in (agent.router, openai.router, checkpoints.router, health.router, liveness):
         app.include_router(router)
     return app

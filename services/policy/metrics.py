@@ -1,16 +1,13 @@
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
+
+from services.common.metrics import ServiceMetrics
 
 
-class PolicyMetrics:
-    """One registry per app, so two apps in one process (tests) never share counters."""
-
+class PolicyMetrics(ServiceMetrics):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "bridge_policy_requests_total", "HTTP requests", ["route", "status"], registry=self.registry
-        )
+        super().__init__("policy")
         self.query_seconds = Histogram(
             "bridge_policy_query_seconds", "Agent query latency", registry=self.registry,
             buckets=(0.5, 1, 2, 5, 10, 20, 40, 80, 160),
@@ -20,7 +17,4 @@ class PolicyMetrics:
         )
         self.reward = Histogram(
             "bridge_policy_rollout_reward", "Rollout rewards", registry=self.registry, buckets=(0.0, 0.5, 1.0)
-        )
-        self.active_version = Gauge(
-            "bridge_policy_active_version_info", "1 for the active version", ["version"], registry=self.registry
         )

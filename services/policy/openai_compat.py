@@ -35,7 +35,7 @@ def _epoch(created_at: str | None) -> int:
 
 
 def list_models(service: PolicyService) -> ModelList:
-    listing = service.adapters.listing()
+    listing = service.checkpoints.listing()
     active = next(c for c in listing.checkpoints if c.version == listing.active)
     cards = [ModelCard(id=ACTIVE_MODEL, created=_epoch(active.created_at), parent=listing.active)]
     cards += [ModelCard(id=c.version, created=_epoch(c.created_at), parent=c.parent) for c in listing.checkpoints]

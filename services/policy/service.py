@@ -29,7 +29,7 @@ from services.common.schemas.policy import (
     TrajectoryTokens,
     TurnView,
 )
-from services.policy.adapters import AdapterManager
+from services.policy.adapters import adapter_registry
 from services.policy.agent import AgentRunner, AgentTask, EventSink, RetrievalSpec
 from services.policy.backends.engine import Engine, EngineError
 from services.policy.settings import PolicySettings
@@ -61,7 +61,7 @@ class PolicyService:
         self.settings = settings
         self.engine = engine
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        self.adapters = AdapterManager(engine, settings.checkpoint_root, settings.state_dir / "registry.json")
+        self.checkpoints = adapter_registry(engine, settings.checkpoint_root, settings.state_dir / "registry.json")
         self.retriever = AsyncRetrieverClient(settings.retriever_url, timeout=settings.request_timeout_s)
         self.store = TrajectoryStore(
             settings.resolved_redis_url,
@@ -75,7 +75,7 @@ class PolicyService:
 
     async def start(self) -> None:
         await self.engine.start()
-        await self.adapters.restore()
+        await self.checkpoints.restore(previous=True)
         await self.store.ping()
 
     async def stop(self) -> None:
@@ -89,7 +89,7 @@ class PolicyService:
         self, tasks: list[AgentTask], version: str | None = None, **kwargs
     ) -> list[tuple[TrajectoryRecord, dict[str, float]]]:
         kwargs.setdefault("initial_search", self.settings.initial_search)
-        async with self.adapters.lease(version) as version:
+        async with self.checkpoints.lease(version) as version:
             try:
                 return await self.agent.run(tasks, adapter=version, policy_version=version, **kwargs)
             except EngineError as exc:

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.common.errors import install_error_handlers
-from services.common.http import install_request_middleware
+from services.common.http import install_request_middleware, liveness
 from services.retriever.metrics import RetrieverMetrics
 from services.retriever.routes import checkpoints, documents, health, search
 from services.retriever.service import RetrieverService
@@ -41,6 +41,6 @@ def build_app(settings: RetrieverSettings | None = None) -> FastAPI:
     install_error_handlers(app)
     install_request_middleware(app, settings.max_body_bytes)
 
-    for router in (search.router, documents.router, checkpoints.router, health.router):
+    for router in (search.router, documents.router, checkpoints.router, health.router, liveness):
         app.include_router(router)
     return app

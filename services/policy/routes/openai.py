@@ -58,7 +58,7 @@ async def chat_completions(body: ChatCompletionRequest, service: Service, metric
     if body.stream:
         version = openai_compat.pinned_version(body)
         if version is not None:
-            service.adapters.check_registered(version)  # an unknown model is a 404, before the stream's 200
+            service.checkpoints.check_registered(version)  # an unknown model is a 404, before the stream's 200
         return StreamingResponse(_sse(openai_compat.complete_stream(service, body), metrics),
                                  media_type="text/event-stream", headers=SSE_HEADERS)  # fmt: skip
     response = await openai_compat.complete(service, body)

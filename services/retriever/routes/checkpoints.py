@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Path
@@ -19,20 +18,19 @@ VersionPath = Annotated[str, Path(min_length=1, max_length=128)]
 
 @router.get("", response_model=CheckpointList)
 async def list_checkpoints(service: Service) -> CheckpointList:
-    return service.list_checkpoints()
+    return service.checkpoints.listing()
 
 
 @router.post("", response_model=RegisteredCheckpoint, dependencies=[Admin])
 async def register_checkpoint(body: RegisterCheckpointRequest, service: Service) -> RegisteredCheckpoint:
     """A parent version unknown here is registered as lineage metadata (`parent_known: false`, with a note), unless
     `strict_lineage` is asked."""
-    # Hashing and loading weights takes a while: keep the event loop serving searches meanwhile.
-    return await asyncio.to_thread(service.register, body.path, body.strict_lineage)
+    return await service.register(body.path, body.strict_lineage)
 
 
 @router.post("/rollback", response_model=ActivationResponse, dependencies=[Admin])
 async def rollback(service: Service) -> ActivationResponse:
-    return await asyncio.to_thread(service.rollback)
+    return await service.checkpoints.rollback()
 
 
 ACTIVATE_ERRORS = {
@@ -44,4 +42,4 @@ ACTIVATE_ERRORS = {
 
 @router.post("/{version}/activate", response_model=ActivationResponse, dependencies=[Admin], responses=ACTIVATE_ERRORS)
 async def activate(version: VersionPath, service: Service) -> ActivationResponse:
-    return await asyncio.to_thread(service.activate, version)
+    return await service.checkpoints.activate(version)
