@@ -8,30 +8,25 @@ questions (the demo set) three ways, side by side in one run:
 Targets, printed as ratios: >= 4x the baseline's questions/s at concurrency 32, and >= 0.7x vLLM's raw
 tokens/s at the same concurrency.
 
-    python bench/agent.py [--questions 64] [--max-turns 1] [--max-tokens 48]
+    python -m bench.agent [--questions 64] [--max-turns 1] [--max-tokens 48]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.baselines.sequential_agent import answer as baseline_answer  # noqa: E402
-from services.cli.ingest import ingest_file  # noqa: E402
-from services.cli.prepare import prepare_policy_model, prepare_retriever_model  # noqa: E402
-from services.common.clients.retriever import RetrieverClient  # noqa: E402
-from tests.conftest import policy_env, start_service, stop_service  # noqa: E402
+from bench.baselines.sequential_agent import answer as baseline_answer
+from bench.script import DEMO_DATA, prepare_models, script_parser
+from services.cli.ingest import ingest_file
+from services.common.clients.retriever import RetrieverClient
+from tests.conftest import policy_env, start_service, stop_service
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -91,27 +86,21 @@ async def raw_vllm(url: str, prompts: list[str], concurrency: int, max_tokens: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--max-turns", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
     args = parser.parse_args()
 
-    models = args.work / "models"
-    prepare_retriever_model(models / "all-MiniLM-L6-v2")
-    prepare_policy_model(models / "SmolLM2-135M-Instruct")
-    demo = REPO / "services" / "demo_data"
-    questions = [json.loads(line)["question"] for line in (demo / "hotpotqa_questions.jsonl").open()]
+    models = prepare_models(args.work)
+    questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_questions.jsonl").open()]
     questions = questions[: args.questions]
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-agent-"))
-    retriever = start_service(
-        "retriever", tmp / "retriever", {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models / "all-MiniLM-L6-v2")}
-    )
+    retriever = start_service("retriever", tmp / "retriever", {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models.retriever)})
     with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
-        ingest_file(client, demo / "hotpotqa_corpus.jsonl", progress=False)
-    env = policy_env(models, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS=str(args.max_tokens))
+        ingest_file(client, DEMO_DATA / "hotpotqa_corpus.jsonl", progress=False)
+    env = policy_env(models.root, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS=str(args.max_tokens))
     policy = start_service("policy", tmp / "policy", env, timeout=900)
     vllm_url = f"http://127.0.0.1:{env['BRIDGE_POLICY_VLLM_PORT']}"
     try:

@@ -3,10 +3,10 @@ registered and activated under them. Prints total requests, failures (must be 0)
 (policy, retriever) versions served before, between and after the swaps.
 
 By default it starts a retriever (the demo corpus) and the policy service (vLLM, or --engine transformers) the way
-bench/agent.py does, with a checkpoint root they share; or point it at running services:
+`bench.agent` does, with a checkpoint root they share; or point it at running services:
 
-    python bench/load.py [--seconds 120] [--clients 64] [--engine vllm|transformers]
-    python bench/load.py --policy-url http://127.0.0.1:8000 --retriever-url http://127.0.0.1:8001 \\
+    python -m bench.load [--seconds 120] [--clients 64] [--engine vllm|transformers]
+    python -m bench.load --policy-url http://127.0.0.1:8000 --retriever-url http://127.0.0.1:8001 \\
         --checkpoint-dir ~/.bridge/checkpoints --token "$(cat ~/.bridge/admin_token)"
 
 The two checkpoints are written before the load starts (a perturbed copy of the base query tower, and a random
@@ -16,7 +16,6 @@ activating them happens under the load, retriever at 25% of the run and policy a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -29,14 +28,11 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from services.cli.ingest import ingest_file  # noqa: E402
-from services.cli.prepare import prepare_policy_model, prepare_retriever_model  # noqa: E402
-from services.common.checkpoints import publish_checkpoint, staging_dir  # noqa: E402
-from services.common.clients.retriever import RetrieverClient  # noqa: E402
-from tests.conftest import policy_env, start_service, stop_service  # noqa: E402
+from bench.script import DEMO_DATA, prepare_models, script_parser
+from services.cli.ingest import ingest_file
+from services.common.checkpoints import publish_checkpoint, staging_dir
+from services.common.clients.retriever import RetrieverClient
+from tests.conftest import policy_env, start_service, stop_service
 
 
 @dataclass
@@ -119,8 +115,7 @@ async def swap(url: str, token: str, version: str, at: float, log: dict) -> None
 
 
 async def run_load(args, policy_url: str, retriever_url: str, token: str, versions: tuple[str, str]) -> None:
-    demo = REPO / "services" / "demo_data"
-    questions = [json.loads(line)["question"] for line in (demo / "hotpotqa_questions.jsonl").open()]
+    questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_questions.jsonl").open()]
     limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
     headers = {"X-API-Key": args.api_key} if args.api_key else {}
     samples: list[Sample] = []
@@ -178,7 +173,7 @@ def report(args, samples: list[Sample], swaps: dict, start: float, elapsed: floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--max-turns", type=int, default=1)
@@ -189,12 +184,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", type=Path, help="the services' checkpoint root (with the URLs)")
     parser.add_argument("--token", help="admin token (with the URLs)")
     parser.add_argument("--api-key", help="X-API-Key for the agent endpoint, if the policy has keys on")
-    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
     args = parser.parse_args()
 
-    models = args.work / "models"
-    prepare_retriever_model(models / "all-MiniLM-L6-v2")
-    prepare_policy_model(models / "SmolLM2-135M-Instruct")
+    models = prepare_models(args.work)
     tag = uuid.uuid4().hex[:6]
     versions = (f"load-{tag}-retriever", f"load-{tag}-policy")
     started: list = []
@@ -207,12 +199,12 @@ def main() -> None:
             tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
             root = tmp / "checkpoints"
             shared = {"BRIDGE_CHECKPOINT_DIR": str(root)}
-            encoder = {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models / "all-MiniLM-L6-v2"), **shared}
+            encoder = {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models.retriever), **shared}
             retriever = start_service("retriever", tmp / "retriever", encoder)
             started.append(retriever)
             with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
-                ingest_file(client, REPO / "services/demo_data/hotpotqa_corpus.jsonl", progress=False)
-            env = policy_env(models, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS=str(args.max_tokens),
+                ingest_file(client, DEMO_DATA / "hotpotqa_corpus.jsonl", progress=False)
+            env = policy_env(models.root, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS=str(args.max_tokens),
                              BRIDGE_POLICY_ENGINE=args.engine, **shared)  # fmt: skip
             policy = start_service("policy", tmp / "policy", env, timeout=900)
             started.append(policy)
@@ -220,8 +212,8 @@ def main() -> None:
         with httpx.Client(timeout=30) as http:
             parents = (http.get(retriever_url + "/v1/checkpoints").json()["active"],
                        http.get(policy_url + "/v1/checkpoints").json()["active"])  # fmt: skip
-        write_retriever_checkpoint(root, models / "all-MiniLM-L6-v2", versions[0], parents[0])
-        write_policy_checkpoint(root, models / "SmolLM2-135M-Instruct", versions[1], parents[1])
+        write_retriever_checkpoint(root, models.retriever, versions[0], parents[0])
+        write_policy_checkpoint(root, models.policy, versions[1], parents[1])
         print(f"serving before: policy {parents[1]}, retriever {parents[0]}; swapping in {versions[1]}, {versions[0]}")
         asyncio.run(run_load(args, policy_url, retriever_url, token, versions))
     finally:

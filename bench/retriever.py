@@ -8,12 +8,11 @@ servers as subprocesses, and drives each with the same concurrent clients at bat
 It prints queries/s, p50/p99 request latency, recall@10 against exact search, and recall@10 of hotpotqa
 supporting documents for both, and the throughput ratio (target: >= 1.0x at equal recall@10).
 
-    python bench/retriever.py [--queries 512] [--concurrency 8]
+    python -m bench.retriever [--queries 512] [--concurrency 8]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -27,15 +26,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from services.cli.prepare import prepare_retriever_model  # noqa: E402
-from services.modeling.encoder import SentenceEncoder  # noqa: E402
-from services.retriever.backends.index import EdgeIndex  # noqa: E402
-from services.retriever.registry import collection_for  # noqa: E402
-from services.retriever.service import passage_text  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
+from bench.script import REPO, SHARED_DATA, prepare_models, script_parser
+from services.modeling.encoder import SentenceEncoder
+from services.retriever.backends.index import EdgeIndex
+from services.retriever.registry import collection_for
+from services.retriever.reindex import passage_text
+from tests.conftest import free_port
 
 DTYPE = "bfloat16"
 
@@ -129,15 +125,13 @@ def top10(url: str, path: str, body_for, parse, queries: list[str]) -> list[list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser = script_parser(__doc__)
+    parser.add_argument("--data", type=Path, default=SHARED_DATA)
     parser.add_argument("--queries", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
     args = parser.parse_args()
 
-    encoder_dir = args.work / "models" / "all-MiniLM-L6-v2"
-    prepare_retriever_model(encoder_dir)
+    encoder_dir = prepare_models(args.work, policy=False).retriever
     docs = load_corpus(args.data)
     vectors = embed_corpus(docs, encoder_dir, args.work)
     print(f"corpus: {len(docs)} passages, {vectors.shape[1]}-d, dtype {DTYPE}")
@@ -174,14 +168,15 @@ def main() -> None:
     baseline = subprocess.Popen(
         [
             sys.executable,
-            str(REPO / "bench" / "baselines" / "search_r1_server.py"),
+            "-m",
+            "bench.baselines.search_r1_server",
             str(run_dir / "emb.npy"),
             str(run_dir / "ids.json"),
             str(encoder_dir),
             str(base_port),
             DTYPE,
         ],
-        env={**env, "PYTHONPATH": str(REPO)},
+        env=env,
         cwd=REPO,
         stdout=logs[1],
         stderr=subprocess.STDOUT,

@@ -15,7 +15,7 @@ backward through the retriever) and the mixed term by a further backward through
 Targets: bridge at most 1.10x search-r1's peak memory, and below the second-order baseline's; the paper
 reports the two-state estimator's retriever update at 2x bridge's memory and 2.3x its time.
 
-    python bench/train_round.py [--retriever-params lora]
+    python -m bench.train_round [--retriever-params lora]
 """
 
 from __future__ import annotations
@@ -23,24 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from services.cli.prepare import prepare_policy_model, prepare_retriever_model  # noqa: E402
-from services.common.schemas.policy import TrajectoryRecord  # noqa: E402
-from services.trainer.algo.batch import build_batch  # noqa: E402
-from services.trainer.algo.config import AlgoConfig  # noqa: E402
-from services.trainer.algo.losses import retriever_lower_loss  # noqa: E402
-from services.trainer.algo.optim import RoundOptimizers  # noqa: E402
-from services.trainer.algo.round import (  # noqa: E402
+from bench.script import Models, models_in, prepare_models, run_module, script_parser
+from services.common.schemas.policy import TrajectoryRecord
+from services.trainer.algo.batch import build_batch
+from services.trainer.algo.config import AlgoConfig
+from services.trainer.algo.losses import retriever_lower_loss
+from services.trainer.algo.optim import RoundOptimizers
+from services.trainer.algo.round import (
     answer_logprobs,
     candidate_logps,
     descend,
@@ -52,8 +47,8 @@ from services.trainer.algo.round import (  # noqa: E402
     subset_logps,
     train_round,
 )
-from services.trainer.models import PolicyModel, RetrieverModel  # noqa: E402
-from services.trainer.synthetic import build_rollouts, demo_data  # noqa: E402
+from services.trainer.models import PolicyModel, RetrieverModel
+from services.trainer.synthetic import build_rollouts, demo_data
 
 
 def rss_mb() -> float:
@@ -83,10 +78,10 @@ def reset_peak() -> None:
         pass
 
 
-def make_batch_file(models: Path, out: Path, questions: int = 4, group: int = 2) -> None:
+def make_batch_file(models: Models, out: Path, questions: int = 4, group: int = 2) -> None:
     items, corpus = demo_data()
-    policy = PolicyModel(models / "SmolLM2-135M-Instruct", None, 8, 16)
-    retriever = RetrieverModel(models / "all-MiniLM-L6-v2", None)
+    policy = PolicyModel(models.policy, None, 8, 16)
+    retriever = RetrieverModel(models.retriever, None)
     records, docs = build_rollouts(policy, retriever, items[:questions], corpus, group=group, gold_every=2)
     out.write_text(json.dumps({"records": [r.model_dump(mode="json") for r in records], "docs": docs}))
 
@@ -139,12 +134,12 @@ ROWS = {  # row -> (algo, estimator, retriever update only)
 }
 
 
-def run_one(row: str, models: Path, batch_file: Path, retriever_params: str) -> dict:
+def run_one(row: str, models: Models, batch_file: Path, retriever_params: str) -> dict:
     algo, estimator, retriever_only = ROWS[row]
     torch.manual_seed(0)
     data = json.loads(batch_file.read_text())
-    policy = PolicyModel(models / "SmolLM2-135M-Instruct", None, 8, 16)
-    retriever = RetrieverModel(models / "all-MiniLM-L6-v2", None, params=retriever_params)
+    policy = PolicyModel(models.policy, None, 8, 16)
+    retriever = RetrieverModel(models.retriever, None, params=retriever_params)
     records = [TrajectoryRecord.model_validate(r) for r in data["records"]]
     group = len({r.group_index for r in records})  # the batch file says how many rollouts a question has
     cfg = AlgoConfig(algo="bridge" if algo == "second-order" else algo, estimator=estimator, group_size=group,
@@ -169,28 +164,24 @@ def run_one(row: str, models: Path, batch_file: Path, retriever_params: str) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=Path, help="Reuse (or create) the batch file here.")
-    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
     parser.add_argument("--retriever-params", choices=["full", "lora"], default="full",
                         help="What the retriever trains: the query tower, or a query-side LoRA.")  # fmt: skip
     args = parser.parse_args()
-    models = args.work / "models"
     if args.one:
-        print(json.dumps(run_one(args.one, models, args.batch, args.retriever_params)))
+        print(json.dumps(run_one(args.one, models_in(args.work), args.batch, args.retriever_params)))
         return
-    prepare_retriever_model(models / "all-MiniLM-L6-v2")
-    prepare_policy_model(models / "SmolLM2-135M-Instruct")
+    models = prepare_models(args.work)
     batch_file = args.batch or Path(tempfile.mkdtemp()) / "batch.json"
     if not batch_file.exists():
         make_batch_file(models, batch_file)
     results = {}
     for row in ROWS:
-        out = subprocess.run([sys.executable, __file__, "--one", row, "--batch", str(batch_file),
-                              "--retriever-params", args.retriever_params, "--work", str(args.work)],
-                             capture_output=True, text=True, check=True)  # fmt: skip
-        results[row] = json.loads(out.stdout.strip().splitlines()[-1])
+        out = run_module("bench.train_round", "--one", row, "--batch", str(batch_file),
+                         "--retriever-params", args.retriever_params, "--work", str(args.work))  # fmt: skip
+        results[row] = json.loads(out.strip().splitlines()[-1])
     print(f"\nretriever params: {args.retriever_params}")
     print(f"{'row':20} {'seconds':>8} {'peak MB':>9} {'over load MB':>13}")
     for row, r in results.items():

@@ -12,31 +12,25 @@ z <- K steps on g alone (eta*), then three theta-gradients at (theta, phi), each
   bridge     grad f
   drop       grad f + gamma grad g(phi)
 and the cosine and relative error ||est - two-state|| / ||two-state|| of bridge and drop. Last, one process
-each runs the retriever update alone (bench/train_round.py's rows) for peak memory and time.
+each runs the retriever update alone (`bench.train_round`'s rows) for peak memory and time.
 
-    python experiments/estimator_fidelity.py [--gammas 0.02,0.1,0.5,2] [--questions 6] [--group 4]
+    python -m experiments.estimator_fidelity [--gammas 0.02,0.1,0.5,2] [--questions 6] [--group 4]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from services.cli.prepare import prepare_policy_model, prepare_retriever_model  # noqa: E402
-from services.trainer.algo.batch import RoundBatch, build_batch  # noqa: E402
-from services.trainer.algo.config import AlgoConfig  # noqa: E402
-from services.trainer.algo.optim import RoundOptimizers, TrainOptimizer  # noqa: E402
-from services.trainer.algo.round import (  # noqa: E402
+from bench.script import RESULTS, Models, prepare_models, run_module, script_parser
+from services.trainer.algo.batch import RoundBatch, build_batch
+from services.trainer.algo.config import AlgoConfig
+from services.trainer.algo.optim import RoundOptimizers, TrainOptimizer
+from services.trainer.algo.round import (
     Coupling,
     candidate_logps,
     policy_step,
@@ -45,8 +39,8 @@ from services.trainer.algo.round import (  # noqa: E402
     score_old_retrieval,
     subset_logps,
 )
-from services.trainer.models import PolicyModel, RetrieverModel  # noqa: E402
-from services.trainer.synthetic import build_rollouts, demo_data  # noqa: E402
+from services.trainer.models import PolicyModel, RetrieverModel
+from services.trainer.synthetic import build_rollouts, demo_data
 
 PAPER = {"bridge": (0.998, 0.048), "drop": (0.183, 14.756)}  # gamma = 0.02: cosine, relative error
 
@@ -65,10 +59,10 @@ def no_rollouts(batch: RoundBatch) -> RoundBatch:
                       q_samples=batch.q_samples, doc_texts=batch.doc_texts)  # fmt: skip
 
 
-def fidelity(models: Path, records, docs, gamma: float, seed: int) -> dict[str, float]:
+def fidelity(models: Models, records, docs, gamma: float, seed: int) -> dict[str, float]:
     torch.manual_seed(seed)
-    policy = PolicyModel(models / "SmolLM2-135M-Instruct", None, 8, 16)
-    retriever = RetrieverModel(models / "all-MiniLM-L6-v2", None)
+    policy = PolicyModel(models.policy, None, 8, 16)
+    retriever = RetrieverModel(models.retriever, None)
     group = len({r.group_index for r in records})
     cfg = AlgoConfig(algo="bridge", estimator="two-state", gamma=gamma, group_size=group, seed=seed, max_grad_norm=0.0)
     batch = build_batch([r.model_copy(deep=True) for r in records], cfg, policy.tokenizer, docs)
@@ -97,21 +91,16 @@ def fidelity(models: Path, records, docs, gamma: float, seed: int) -> dict[str, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__, seed=0, out=RESULTS / "estimator_fidelity.json")
     parser.add_argument("--gammas", default="0.02,0.1,0.5,2")
     parser.add_argument("--questions", type=int, default=6)
     parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
-    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "estimator_fidelity.json")
     args = parser.parse_args()
-    models = args.work / "models"
-    prepare_retriever_model(models / "all-MiniLM-L6-v2")
-    prepare_policy_model(models / "SmolLM2-135M-Instruct")
+    models = prepare_models(args.work)
     started = time.perf_counter()
     items, corpus = demo_data()
-    policy = PolicyModel(models / "SmolLM2-135M-Instruct", None, 8, 16)
-    retriever = RetrieverModel(models / "all-MiniLM-L6-v2", None)
+    policy = PolicyModel(models.policy, None, 8, 16)
+    retriever = RetrieverModel(models.retriever, None)
     records, docs = build_rollouts(policy, retriever, items[: args.questions], corpus, group=args.group,
                                    seed=args.seed, gold_every=2, progress=True)  # fmt: skip
     del policy, retriever
@@ -121,10 +110,8 @@ def main() -> None:
     batch_file.write_text(json.dumps({"records": [r.model_dump(mode="json") for r in records], "docs": docs}))
     cost = {}
     for row in ("bridge/retriever", "two-state/retriever"):
-        command = [sys.executable, str(REPO / "bench" / "train_round.py"), "--one", row, "--batch", str(batch_file),
-                   "--work", str(args.work)]  # fmt: skip
-        out = subprocess.run(command, capture_output=True, text=True, check=True)
-        cost[row] = json.loads(out.stdout.strip().splitlines()[-1])
+        out = run_module("bench.train_round", "--one", row, "--batch", str(batch_file), "--work", str(args.work))
+        cost[row] = json.loads(out.strip().splitlines()[-1])
     wall = time.perf_counter() - started
 
     print(f"\nbatch: {args.questions} questions x G={args.group}, mean reward {rows[0]['rewards/mean']:.2f}, "

@@ -10,35 +10,27 @@ Held metric: the expected exact-match reward of a one-document agent, computed e
 sampling: R(theta, phi) = mean_q sum_{d in C(q)} p_phi(d | q) * pi_theta(y* | x, d). The printed gain is
 R(after) - R(start) for each order, per seed, then mean and standard deviation.
 
-    python experiments/order.py [--seeds 3] [--train-questions 6] [--held-questions 8]
+    python -m experiments.order [--seeds 3] [--train-questions 6] [--held-questions 8]
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import statistics
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.script import prepare_models, script_parser
+from services.common.answers import f1_score
+from services.common.schemas.policy import TrajectoryRecord
+from services.modeling.prompt import build_prompt, format_information
+from services.trainer.algo.batch import build_batch
+from services.trainer.algo.config import AlgoConfig
+from services.trainer.algo.round import train_round
+from services.trainer.models import PolicyModel, RetrieverModel
+from services.trainer.synthetic import demo_data, rollout_record, sample_search
 
-from services.cli.prepare import prepare_policy_model, prepare_retriever_model  # noqa: E402
-from services.common.answers import f1_score  # noqa: E402
-from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord  # noqa: E402
-from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob  # noqa: E402
-from services.modeling.prompt import build_prompt, format_information  # noqa: E402
-from services.trainer.algo.batch import build_batch  # noqa: E402
-from services.trainer.algo.config import AlgoConfig  # noqa: E402
-from services.trainer.algo.round import train_round  # noqa: E402
-from services.trainer.models import PolicyModel, RetrieverModel  # noqa: E402
-
-DEMO = REPO / "services" / "demo_data"
 TEMPERATURE, CANDIDATES, SHOWN, GROUP = 0.05, 10, 3, 4
 
 
@@ -59,35 +51,20 @@ def rollouts(items, corpus, policy: PolicyModel, retriever: RetrieverModel, seed
     torch.manual_seed(seed)
     for item in items:
         ids, scores = candidates_for(item, corpus, retriever)
-        logits = scores / TEMPERATURE
+        passages = {i: (corpus[i]["title"], corpus[i]["text"]) for i in ids}
         for g in range(GROUP):
-            chosen = gumbel_top_k(logits, SHOWN, rng)
-            prompt = build_prompt(tok, item["question"])
-            prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            docs = [(corpus[ids[c]]["title"], corpus[ids[c]]["text"]) for c in chosen]
-            obs = f"<search> {item['question']} </search>" + format_information(docs) + "<answer>"
-            obs_ids = tok(obs, add_special_tokens=False)["input_ids"]
+            search = sample_search(tok, item["question"], ids, scores, passages, rng, shown=SHOWN,
+                                   temperature=TEMPERATURE, suffix="<answer>")  # fmt: skip
+            context = search.prompt_ids + search.observation_ids
             with torch.no_grad():
-                out = policy.model.generate(torch.tensor([prompt_ids + obs_ids]), max_new_tokens=12, do_sample=True,
-                                            top_k=0, stop_strings=["</answer>"], tokenizer=tok)  # fmt: skip
-            gen_ids = out[0, len(prompt_ids) + len(obs_ids) :].tolist()
+                out = policy.model.generate(torch.tensor([context]), max_new_tokens=12, do_sample=True, top_k=0,
+                                            stop_strings=["</answer>"], tokenizer=tok)  # fmt: skip
+            gen_ids = out[0, len(context) :].tolist()
             answer = tok.decode(gen_ids).split("</answer>")[0].strip()
-            with torch.no_grad():
-                behaviour = policy.token_logps(prompt_ids + obs_ids + gen_ids, len(prompt_ids) + len(obs_ids))
-            step = SearchStep(
-                turn=0, query=item["question"], candidates=[{"id": i, "score": float(s)} for i, s in zip(ids, scores,
-                strict=True)], chosen_ids=[ids[c] for c in chosen], logprob=plackett_luce_logprob(logits, chosen),
-                mode="sample", temperature=TEMPERATURE, retriever_version="base",
-            )  # fmt: skip
-            records.append(TrajectoryRecord(
-                id=f"{item['id']}-{g}", item_id=item["id"], group_index=g, question=item["question"],
-                golden_answers=item["golden_answers"], prompt=prompt, prompt_ids=prompt_ids,
-                turns=[
-                    TurnRecord(generated_ids=[], generated_logprobs=[], text="", observation_ids=obs_ids, search=step),
-                    TurnRecord(generated_ids=gen_ids, generated_logprobs=behaviour.tolist(), text=answer),
-                ],
-                answer=answer, policy_version="base", retriever_version="base",
-                reward=f1_score(answer, item["golden_answers"]), created_at=0.0,
+            records.append(rollout_record(
+                policy, search, gen_ids, record_id=f"{item['id']}-{g}", item_id=item["id"], group_index=g,
+                golden_answers=item["golden_answers"], text=answer, answer=answer,
+                reward=f1_score(answer, item["golden_answers"]),
             ))  # fmt: skip
     return records
 
@@ -113,22 +90,18 @@ def held_reward(items, corpus, policy: PolicyModel, retriever: RetrieverModel) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--train-questions", type=int, default=6)
     parser.add_argument("--held-questions", type=int, default=8)
-    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
     args = parser.parse_args()
-    models = args.work / "models"
-    prepare_retriever_model(models / "all-MiniLM-L6-v2")
-    prepare_policy_model(models / "SmolLM2-135M-Instruct")
-    corpus = {r["id"]: r for r in map(json.loads, (DEMO / "hotpotqa_corpus.jsonl").open())}
-    items = [json.loads(line) for line in (DEMO / "hotpotqa_questions.jsonl").open()]
+    models = prepare_models(args.work)
+    items, corpus = demo_data()
     held = items[-args.held_questions :]
 
     torch.manual_seed(0)
-    start_policy = PolicyModel(models / "SmolLM2-135M-Instruct", None, 8, 16)
-    start_retriever = RetrieverModel(models / "all-MiniLM-L6-v2", None)
+    start_policy = PolicyModel(models.policy, None, 8, 16)
+    start_retriever = RetrieverModel(models.retriever, None)
     base = held_reward(held, corpus, start_policy, start_retriever)
     print(f"held reward at the start: {base:.5f}")
     gains: dict[str, list[float]] = {"alt-rp": [], "alt-pr": []}

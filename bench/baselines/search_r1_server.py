@@ -2,7 +2,7 @@
 
 A plain FastAPI endpoint that encodes the batch with the same encoder and does exact inner-product search
 over an in-memory matrix with numpy, one request at a time through FastAPI's thread pool.
-Run: python bench/baselines/search_r1_server.py EMBEDDINGS.npy IDS.json ENCODER_DIR PORT DTYPE
+Run: python -m bench.baselines.search_r1_server EMBEDDINGS.npy IDS.json ENCODER_DIR PORT DTYPE
 """
 
 from __future__ import annotations

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord
-from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob
-from services.modeling.prompt import build_prompt, format_information
+from services.common.schemas.policy import TrajectoryRecord
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.round import train_policy_phase, train_retriever_phase, train_round
 from services.trainer.models import PolicyModel, RetrieverModel
+from services.trainer.synthetic import rollout_record, sample_search
 
 pytestmark = pytest.mark.slow
 DOCS = {
@@ -28,6 +27,7 @@ ITEMS = [("q1", "What is the capital of France?", "Paris"), ("q2", "What is the 
 
 
 def make_records(policy: PolicyModel, retriever: RetrieverModel) -> list[TrajectoryRecord]:
+    """2 questions x G=2 over DOCS, with scripted answers: the first of each group right, the second wrong."""
     tok = policy.tokenizer
     ids = list(DOCS)
     doc_vecs = retriever.docs.encode([f"{t}\n{x}" for t, x in DOCS.values()])
@@ -38,27 +38,11 @@ def make_records(policy: PolicyModel, retriever: RetrieverModel) -> list[Traject
         qvec = retriever.query.encode([question])[0]
         scores = doc_vecs @ qvec
         for g in range(2):
-            logits = scores / 0.1
-            chosen = gumbel_top_k(logits, 2, rng)
-            prompt = build_prompt(tok, question)
-            prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            obs = f"<search> {question} </search>" + format_information([DOCS[ids[c]] for c in chosen])
-            obs_ids = tok(obs, add_special_tokens=False)["input_ids"]
+            search = sample_search(tok, question, ids, scores, DOCS, rng, shown=2, temperature=0.1)
             gen_ids = tok(f"<answer> {answer if g == 0 else 'Lyon'} </answer>", add_special_tokens=False)["input_ids"]
-            with torch.no_grad():
-                behaviour = policy.token_logps(prompt_ids + obs_ids + gen_ids, len(prompt_ids) + len(obs_ids))
-            candidates = [{"id": i, "score": float(s)} for i, s in zip(ids, scores, strict=True)]
-            step = SearchStep(turn=0, query=question, candidates=candidates,
-                              chosen_ids=[ids[c] for c in chosen], logprob=plackett_luce_logprob(logits, chosen),
-                              mode="sample", temperature=0.1, retriever_version="base")  # fmt: skip
-            turns = [
-                TurnRecord(generated_ids=[], generated_logprobs=[], text="", observation_ids=obs_ids, search=step),
-                TurnRecord(generated_ids=gen_ids, generated_logprobs=behaviour.tolist(), text="x"),
-            ]
-            records.append(TrajectoryRecord(
-                id=f"t{n}{g}", item_id=item_id, group_index=g, question=question, golden_answers=[answer],
-                prompt=prompt, prompt_ids=prompt_ids, turns=turns, answer=None, policy_version="base",
-                retriever_version="base", reward=rewards[2 * n + g], created_at=0.0,
+            records.append(rollout_record(
+                policy, search, gen_ids, record_id=f"t{n}{g}", item_id=item_id, group_index=g,
+                golden_answers=[answer], text="x", answer=None, reward=rewards[2 * n + g],
             ))  # fmt: skip
     return records
 
