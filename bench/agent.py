@@ -93,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
 
     models = prepare_models(args.work)
-    questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_questions.jsonl").open()]
+    questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_train.jsonl").open()]
     questions = questions[: args.questions]
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-agent-"))

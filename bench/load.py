@@ -115,7 +115,7 @@ async def swap(url: str, token: str, version: str, at: float, log: dict) -> None
 
 
 async def run_load(args, policy_url: str, retriever_url: str, token: str, versions: tuple[str, str]) -> None:
-    questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_questions.jsonl").open()]
+    questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_train.jsonl").open()]
     limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
     headers = {"X-API-Key": args.api_key} if args.api_key else {}
     samples: list[Sample] = []

@@ -57,9 +57,11 @@ def split(qa_file: Path, eval_questions: int, out: Path) -> tuple[Path, list[Eva
     if len(lines) <= eval_questions:
         raise SystemExit(f"{qa_file} has {len(lines)} questions; need more than --eval-questions {eval_questions}")
     train_dir, eval_dir = out / "qa" / "train", out / "qa" / "eval"
-    for folder, rows in ((train_dir, lines[:-eval_questions]), (eval_dir, lines[-eval_questions:])):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "compare.jsonl").write_text("\n".join(rows) + "\n")
+    # The training side is a `_train` file: training reads all of it (services/eval/split.py).
+    for file, rows in ((train_dir / "compare_train.jsonl", lines[:-eval_questions]),
+                       (eval_dir / "compare.jsonl", lines[-eval_questions:])):  # fmt: skip
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text("\n".join(rows) + "\n")
     return train_dir, load_items(eval_dir, "compare", None)
 
 
@@ -181,7 +183,7 @@ def main() -> None:
         parser.add_argument(flag, type=int, default=None, help=f"Override the budget's {field.name}.")
     parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--qa-file", type=Path, default=DEMO / "hotpotqa_questions.jsonl")
+    parser.add_argument("--qa-file", type=Path, default=DEMO / "hotpotqa_train.jsonl")
     parser.add_argument("--corpus", type=Path, nargs="+", default=[DEMO / "hotpotqa_corpus.jsonl"])
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "compare")
     parser.add_argument(

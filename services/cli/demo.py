@@ -63,7 +63,7 @@ def run_training(stack: Stack, rounds: int, console: Console) -> str:
 
 def run_demo(stack: Stack, rounds: int = 2) -> None:
     console = Console()
-    questions = [json.loads(line) for line in (DEMO / "hotpotqa_questions.jsonl").open()][:3]
+    questions = [json.loads(line) for line in (DEMO / "hotpotqa_train.jsonl").open()][:3]
     ensure_demo_corpus(stack)
     before = ask_all(stack, questions)
     run_id = run_training(stack, rounds, console)

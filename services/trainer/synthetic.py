@@ -31,7 +31,7 @@ DEMO = Path(__file__).resolve().parents[1] / "demo_data"
 
 
 def demo_data() -> tuple[list[dict], dict[str, dict]]:
-    items = [json.loads(line) for line in (DEMO / "hotpotqa_questions.jsonl").open()]
+    items = [json.loads(line) for line in (DEMO / "hotpotqa_train.jsonl").open()]
     corpus = {row["id"]: row for row in map(json.loads, (DEMO / "hotpotqa_corpus.jsonl").open())}
     return items, corpus
 

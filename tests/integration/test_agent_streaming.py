@@ -19,7 +19,7 @@ from tests.conftest import REPO, policy_env, start_service, stop_service
 
 pytestmark = pytest.mark.slow
 API_KEY = "stream-test-key"
-QUESTION = json.loads((REPO / "services/demo_data/hotpotqa_questions.jsonl").open().readline())["question"]
+QUESTION = json.loads((REPO / "services/demo_data/hotpotqa_train.jsonl").open().readline())["question"]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from services.common.schemas.policy import TrajectoryRecord
 from tests.conftest import REPO, policy_env, start_service, stop_service
 
 pytestmark = pytest.mark.slow
-QUESTIONS = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_questions.jsonl").open()]
+QUESTIONS = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_train.jsonl").open()]
 # vLLM (bf16 weights, its own kernels) against a transformers fp32 recomputation of the same tokens:
 # measured mean |diff| 0.037 nats, max 0.24 (236 tokens); we allow 0.1 mean and 1.0 for any single token.
 LOGPROB_MEAN_TOL = 0.1
@@ -298,11 +298,13 @@ def test_bridge_rl_eval_pins_a_version_and_writes_results(policy, tmp_path):
     registered = httpx.post(policy.url + "/v1/checkpoints", json={"path": version}, headers=admin(policy), timeout=120)
     assert registered.status_code == 200, registered.text
     before = httpx.get(policy.url + "/v1/checkpoints").json()["active"]
-    out = tmp_path / "eval"
+    out, qa_dir = tmp_path / "eval", tmp_path / "qa"
+    qa_dir.mkdir()  # an evaluation file of two questions (the demo set is training-only: services/eval/split.py)
+    (qa_dir / "hotpotqa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[:2]))
     run = subprocess.run(
         [sys.executable, "-m", "services.cli.main", "eval", "--dataset", "hotpotqa", "--limit", "2",
          "--mode", "direct", "--mode", "naive-rag", "--policy", version, "--url", policy.url,
-         "--qa-dir", str(REPO / "services/demo_data"), "--out", str(out), "--max-turns", "1"],
+         "--qa-dir", str(qa_dir), "--out", str(out), "--max-turns", "1"],
         env={**policy.env, "BRIDGE_DATA_DIR": str(tmp_path), "BRIDGE_ADMIN_TOKEN": policy.token},
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )  # fmt: skip

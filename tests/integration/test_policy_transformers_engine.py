@@ -29,7 +29,7 @@ def hf_policy(tmp_path_factory, policy_models_root, demo_retriever):
 def test_rollout_end_to_end_with_exact_logprobs(hf_policy):
     from transformers import AutoModelForCausalLM
 
-    q = json.loads((REPO / "services/demo_data/hotpotqa_questions.jsonl").open().readline())
+    q = json.loads((REPO / "services/demo_data/hotpotqa_train.jsonl").open().readline())
     body = {
         "items": [{"id": q["id"], "question": q["question"], "golden_answers": q["golden_answers"]}],
         "group_size": 2,

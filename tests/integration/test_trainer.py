@@ -109,7 +109,7 @@ def test_two_bridge_rounds_publish_retriever_then_policy(stack):
 def test_live_learning_from_feedback(stack):
     policy = stack["policy"]
     train(stack, "--source", "live", "--live-batch", "4", "--rounds", "1", "--run-id", "it-live", "--no-wait")
-    questions = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_questions.jsonl").open()][:4]
+    questions = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_train.jsonl").open()][:4]
     for i, q in enumerate(questions):
         served = httpx.post(policy.url + "/v1/agent/query", json={"question": q["question"], "max_turns": 1},
                             timeout=600).json()  # fmt: skip

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 
+from services.eval.split import training_rows
 from tests.conftest import REPO
 
 spec = importlib.util.spec_from_file_location("compare_algos", REPO / "experiments" / "compare_algos.py")
@@ -18,8 +19,9 @@ def test_split_holds_out_the_last_questions(tmp_path):
     qa = tmp_path / "qa.jsonl"
     qa.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     train_dir, held = compare.split(qa, 3, tmp_path / "out")
-    train_ids = [json.loads(line)["id"] for line in (train_dir / "compare.jsonl").open()]
+    train_ids = [json.loads(line)["id"] for line in (train_dir / "compare_train.jsonl").open()]
     assert train_ids == [f"q{i}" for i in range(7)]
+    assert [r["id"] for _, r in training_rows(train_dir, "compare")] == train_ids  # what a run trains on
     assert [item.id for item in held] == ["q7", "q8", "q9"]  # disjoint from training, same every run
 
 

@@ -43,3 +43,15 @@ def test_prepare_merges_once_and_refuses_a_tampered_adapter(tmp_path, policy_mod
     (tampered / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="sha256"):
         prepare_warmstart_model(final, base, tampered)
+
+
+def test_the_demo_trains_on_questions_neither_evaluated_nor_warm_started():
+    demo = [
+        json.loads(line)["id"] for line in (SHIPPED_ADAPTER_DIR.parents[1] / "demo_data/hotpotqa_train.jsonl").open()
+    ]
+    assert len(demo) == len(set(demo)) >= 3
+    assert not set(demo) & set(verify_adapter(SHIPPED_ADAPTER_DIR)["data"]["trained_ids"]["hotpotqa"])
+    path = SHIPPED_ADAPTER_DIR.parents[2].parent / "shared" / "data" / "qa" / "hotpotqa.jsonl"
+    if path.exists():
+        evaluation = {json.loads(line)["id"] for line in path.open().readlines()[:EVAL_SPLIT]}
+        assert not evaluation & set(demo)
