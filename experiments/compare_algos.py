@@ -6,9 +6,9 @@ corpus, evaluates the base system, then for each algorithm: puts both services b
 the eval split (the agent, greedy). Writes results.md (a table), results.json and PNG plots (reward, EM and
 recall@k per round; held-out EM/F1/cover/recall per algorithm).
 
-    python experiments/compare_algos.py --budget small        # 2-core CPU: within an hour
+    python -m experiments.compare_algos --budget small        # 2-core CPU: within an hour
     # a real run, on a GPU machine:
-    python experiments/compare_algos.py --budget gpu --qa-file ../shared/data/qa/hotpotqa.jsonl
+    python -m experiments.compare_algos --budget gpu --qa-file ../shared/data/qa/hotpotqa.jsonl
         --corpus ../shared/data/corpus/hotpotqa.jsonl
 """
 
@@ -17,19 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.script import DEMO_DATA as DEMO
+from bench.script import RESULTS
+from services.common.checkpoints import write_json_atomic
+from services.eval.datasets import EvalItem, load_items
+from services.eval.scoring import ItemResult, summarize
 
-from services.common.checkpoints import write_json_atomic  # noqa: E402
-from services.eval.datasets import EvalItem, load_items  # noqa: E402
-from services.eval.scoring import ItemResult, summarize  # noqa: E402
-
-DEMO = REPO / "services" / "demo_data"
 ALGOS = ("search-r1", "retriever-only", "alt-rp", "alt-pr", "joint", "bridge")
 
 
@@ -185,7 +182,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--qa-file", type=Path, default=DEMO / "hotpotqa_train.jsonl")
     parser.add_argument("--corpus", type=Path, nargs="+", default=[DEMO / "hotpotqa_corpus.jsonl"])
-    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "compare")
+    parser.add_argument("--out", type=Path, default=RESULTS / "compare")
     parser.add_argument(
         "--data-dir",
         type=Path,

@@ -6,18 +6,14 @@ step's top `--candidates` with the base policy exactly as the trainer does (`bui
 compares, per step, the probability mass on the question's supporting passages under p_phi (the retriever that
 served the step), under Q_theta, and under a uniform choice among the same candidates.
 
-    python experiments/q_theta_probe.py --run-dir <data_dir>/runs/<run_id> --corpus ../shared/data/corpus/hotpotqa.jsonl
+    python -m experiments.q_theta_probe --run-dir <data_dir>/runs/<run_id> --corpus ../shared/data/corpus/hotpotqa.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def load_docs(corpus: Path, wanted: set[str]) -> dict[str, tuple[str, str]]:

@@ -7,7 +7,7 @@ searches per question, the share with a second search, how often the first searc
 format validity (qa_em_format's is_valid_sequence), recall of the supporting passages over all searches, EM and F1.
 Evaluation refuses questions the warm-start adapter trained on (its manifest lists them).
 
-    python experiments/warmstart_eval.py --model-dir <merged policy> --index-dir .cache/warmstart-data \
+    python -m experiments.warmstart_eval --model-dir <merged policy> --index-dir .cache/warmstart-data \
         --qa-dir ../shared/data/qa --out eval-warmstart.json
 """
 
@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from services.policy.backends.engine import Engine, Generation, SamplingSpec  # noqa: E402
+from bench.script import SHARED_DATA
+from services.policy.backends.engine import Engine, Generation, SamplingSpec
 
 app = typer.Typer(add_completion=False)
 
@@ -184,7 +181,7 @@ async def _measure(model_dir: str, index_dir: Path, items, max_turns: int, max_n
 def in_process(
     model_dir: Annotated[Path, typer.Option(help="HF policy folder (the merged warm start, or the raw base).")],
     index_dir: Annotated[Path, typer.Option(help="Data dir of the in-process retriever (its index, models).")],
-    qa_dir: Annotated[Path, typer.Option(help="Question files <dataset>.jsonl.")] = REPO.parent / "shared/data/qa",
+    qa_dir: Annotated[Path, typer.Option(help="Question files <dataset>.jsonl.")] = SHARED_DATA / "qa",
     datasets: Annotated[str, typer.Option(help="Comma-separated.")] = "nq,triviaqa,popqa,hotpotqa,2wikimultihopqa",
     limit: Annotated[int, typer.Option(help="The first N questions of each file (the evaluation split).")] = 100,
     max_turns: Annotated[int, typer.Option(help="Searches before the final answer turn.")] = 4,
