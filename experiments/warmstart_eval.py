@@ -212,6 +212,31 @@ def in_process(
         out.write_text(json.dumps({"model_dir": str(model_dir), "summary": summary, "rows": rows}, indent=1))
 
 
+@app.command("plot-loss")
+def plot_loss(
+    out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("docs/warmstart/loss.png"),
+) -> None:
+    """The shipped adapter's training loss (manifest summary) and its held-out loss, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from services.trainer.warmstart import SHIPPED_ADAPTER_DIR, verify_adapter
+
+    training = verify_adapter(SHIPPED_ADAPTER_DIR)["training"]
+    curve, held = training["loss_curve"], training["heldout_loss"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([c["examples"] for c in curve], [c["loss"] for c in curve], marker=".", label="training (agent tokens)")
+    ax.plot([h["examples"] for h in held], [h["loss"] for h in held], marker="o", label="held-out (24 trajectories)")
+    ax.set(xlabel="examples seen", ylabel="mean NLL per agent token", title="warm-start SFT (shipped adapter)")
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    typer.echo(f"wrote {out}")
+
+
 @app.command("from-service")
 def from_service(
     eval_dir: Annotated[Path, typer.Option(help="The --out folder of a `bridge-rl eval --mode agent` run.")],
