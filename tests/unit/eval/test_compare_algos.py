@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
+import experiments.compare_algos as compare
 from services.eval.split import training_rows
-from tests.conftest import REPO
-
-spec = importlib.util.spec_from_file_location("compare_algos", REPO / "experiments" / "compare_algos.py")
-compare = sys.modules.setdefault("compare_algos", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(compare)
 
 
 def test_split_holds_out_the_last_questions(tmp_path):

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[3]
-spec = importlib.util.spec_from_file_location("q_theta_probe", REPO / "experiments" / "q_theta_probe.py")
-probe = sys.modules.setdefault("q_theta_probe", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(probe)
+import experiments.q_theta_probe as probe
 
 
 def test_step_stats_by_hand():
