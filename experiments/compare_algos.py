@@ -83,29 +83,35 @@ def reset_to_base(stack) -> None:
         activate_and_wait(policy, "base")
 
 
-def train(stack, algo: str, budget: Budget, seed: int, q_prior: bool = False) -> tuple[str, list[dict]]:
-    from services.trainer.algo.config import AlgoConfig
+def run_rounds(stack, config) -> str:
+    """Start the run `config` (a RunConfig) on the stack's worker and follow it to the end, with a progress bar."""
+    from tqdm import tqdm
+
     from services.trainer.round_files import start_run
-    from services.trainer.run_state import RunConfig, read_metrics
     from services.trainer.settings import TrainerSettings
     from services.trainer.submit import enqueue, follow
 
     settings = TrainerSettings(data_dir=stack.settings.data_dir, redis_url=stack.redis_url,
                                policy_url=stack.policy_url, retriever_url=stack.retriever_url)  # fmt: skip
-    run_id = f"cmp-{algo}-s{seed}-{int(time.time())}"
-    config = RunConfig(run_id=run_id, dataset="compare", rounds=budget.rounds,
+    start_run(settings, config)
+    enqueue(settings, config.run_id, 0)
+    with tqdm(total=config.rounds, desc=f"train {config.algo.algo}", unit="round") as bar:
+        state = follow(settings, config.run_id, lambda done: done > bar.n and bar.update(done - bar.n), poll_s=2.0)
+    if state.status == "failed":
+        raise RuntimeError(f"{config.algo.algo}: training failed: {state.error}")
+    return config.run_id
+
+
+def train(stack, algo: str, budget: Budget, seed: int, q_prior: bool = False) -> tuple[str, list[dict]]:
+    from services.trainer.algo.config import AlgoConfig
+    from services.trainer.run_state import RunConfig, read_metrics
+
+    config = RunConfig(run_id=f"cmp-{algo}-s{seed}-{int(time.time())}", dataset="compare", rounds=budget.rounds,
                        questions_per_round=budget.questions_per_round, max_turns=budget.max_turns,
                        algo=AlgoConfig(algo=algo, group_size=budget.group_size, seed=seed,
                                        q_prior=q_prior))  # fmt: skip
-    start_run(settings, config)
-    enqueue(settings, run_id, 0)
-    from tqdm import tqdm
-
-    with tqdm(total=budget.rounds, desc=f"train {algo}", unit="round") as bar:
-        state = follow(settings, run_id, lambda done: done > bar.n and bar.update(done - bar.n), poll_s=2.0)
-    if state.status == "failed":
-        raise RuntimeError(f"{algo}: training failed: {state.error}")
-    return run_id, read_metrics(settings.runs_dir, run_id)
+    run_id = run_rounds(stack, config)
+    return run_id, read_metrics(stack.settings.data_dir / "runs", run_id)
 
 
 def plot(out: Path, curves: dict[str, list[dict]], held: dict[str, dict]) -> list[Path]:

@@ -1,0 +1,26 @@
+"""The learning runs' per-question comparison: means before/after per dataset, group and overall, paired by
+(dataset, id), with the sign test (the training itself is the trainer's integration test)."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.learning import compare
+from services.eval.scoring import ItemResult
+
+
+def _result(dataset: str, qid: str, em: float, recall: float | None = 0.5) -> ItemResult:
+    return ItemResult(dataset=dataset, mode="agent", id=qid, question="?", golden_answers=["a"], answer="a",
+                      em=em, f1=em, recall=recall, retrieved_ids=[], searches=1, latency_s=0.1)  # fmt: skip
+
+
+def test_compare_pairs_questions_and_tests_signs():
+    before = [_result("nq", f"q{i}", 0.0) for i in range(6)] + [_result("hotpotqa", "h0", 1.0, None)]
+    after = [_result("nq", f"q{i}", 1.0) for i in range(6)][::-1] + [_result("hotpotqa", "h0", 0.0, None)]
+    out = compare(before, after, ["nq", "hotpotqa"])
+    assert set(out) == {"nq", "hotpotqa", "group:general", "group:multi-hop", "all"}
+    nq = out["nq"]["em"]
+    assert (nq["before"], nq["after"]) == (0.0, 1.0)  # paired by id, whatever the order
+    assert (nq["sign"]["better"], nq["sign"]["worse"]) == (6, 0) and nq["sign"]["p"] == pytest.approx(2 / 64)
+    assert out["all"]["n"] == 7 and out["all"]["em"]["sign"]["worse"] == 1
+    assert "recall" not in out["hotpotqa"]  # no supporting passages known: no recall to compare
