@@ -1,18 +1,20 @@
 """Learning runs from the warm start (issue 13, section 3): same start, same training questions, same seeds.
 
-Starts the embedded stack (Redis, retriever, vLLM policy, a Celery worker) on a data dir that already holds the
-index (the warm start's: `bridge-rl warmstart --index-dir`), evaluates the start on the evaluation split (the first
-`--eval-questions` of each `--eval-datasets` file), then for each algorithm puts both services back on `base` (the
-merged warm start and the base encoder), trains `--rounds` rounds on the training pool of `--train-dataset`
-(services/eval/split.py: never the evaluation split) and evaluates what it published on the same questions.
+Starts the embedded stack (Redis, retriever, vLLM policy, a Celery worker) on `--data-dir`, ingests each
+`--corpus` (unchanged passages are skipped, so a second run re-embeds nothing), evaluates the start on the
+evaluation split (the first `--eval-questions` of each `--eval-datasets` file), then for each algorithm puts both
+services back on `base` (the merged warm start and the base encoder), trains `--rounds` rounds on the training
+pool of `--train-dataset` (services/eval/split.py: never the evaluation split)
+and evaluates what it published on the same questions.
 
 Reports, per algorithm: the training reward per round (every trajectory of the round's first collection), the mean
 of the first and last three rounds and a bootstrap 95 % interval of their difference; evaluation-split EM / F1 /
 recall@3 before and after, per dataset and group, with an exact paired sign test against the start and against
 `search-r1`. Nothing is tuned on the evaluation split.
 
-    python -m experiments.learning --data-dir .cache/warmstart-data --qa-dir ../shared/data/qa \
-        --algos search-r1 bridge --train-dataset hotpotqa --eval-datasets nq,hotpotqa --out docs/learning
+    python -m experiments.learning --data-dir .cache/learning --qa-dir ../shared/data/qa \
+        --corpus ../shared/data/corpus/nq.jsonl ../shared/data/corpus/hotpotqa.jsonl \
+        --algos search-r1 bridge --train-dataset nq --eval-datasets nq,hotpotqa --out docs/learning
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def train(stack, args, algo: str) -> str:
 
     config = RunConfig(run_id=f"learn-{algo}-s{args.seed}-{int(time.time())}", dataset=args.train_dataset,
                        rounds=args.rounds, questions_per_round=args.questions_per_round, max_turns=args.max_turns,
+                       reward=args.reward,
                        algo=AlgoConfig(algo=algo, group_size=args.group_size, seed=args.seed))  # fmt: skip
     return run_rounds(stack, config)
 
@@ -99,7 +102,7 @@ def plot_rewards(out: Path, rewards: dict[str, list[list[float]]]) -> Path:
     for algo, rounds in rewards.items():
         means = [sum(r) / len(r) for r in rounds]
         ax.plot(range(len(means)), means, marker="o", label=algo)
-    ax.set(xlabel="round", ylabel="training reward (EM), mean per round", title="training reward per round")
+    ax.set(xlabel="round", ylabel="training reward, mean per round", title="training reward per round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -115,8 +118,8 @@ def report(args, elapsed: float, start: list[ItemResult], runs: dict[str, dict])
              f"`{args.command}`", "",
              f"Training: {args.rounds} rounds x {args.questions_per_round} questions x G {args.group_size} on the "
              f"training pool of {args.train_dataset} (after its first {EVAL_SPLIT}), max {args.max_turns} searches, "
-             f"seed {args.seed}. Evaluation: the first {args.eval_questions} questions of {', '.join(datasets)}, "
-             "agent mode, greedy, top-3.", "",
+             f"reward {args.reward}, seed {args.seed}. Evaluation: the first {args.eval_questions} questions of "
+             f"{', '.join(datasets)}, agent mode, greedy, top-3.", "",
              "## Training reward", "",
              "| algo | rounds | first 3 rounds | last 3 rounds | last - first (bootstrap 95 %) | significant |",
              "|---|---|---|---|---|---|"]  # fmt: skip
@@ -154,7 +157,9 @@ def main() -> None:
     parser.add_argument("--algos", nargs="+", choices=ALGOS, default=["search-r1", "bridge"])
     parser.add_argument("--data-dir", type=Path, required=True, help="Holds models and the ingested index.")
     parser.add_argument("--qa-dir", type=Path, required=True, help="<dataset>.jsonl files (e.g. ../shared/data/qa).")
-    parser.add_argument("--train-dataset", default="hotpotqa")
+    parser.add_argument("--corpus", type=Path, nargs="*", default=[], help="Corpus JSONL files to ingest first.")
+    parser.add_argument("--train-dataset", default="nq", help="Trains on its training pool (after the first 100).")
+    parser.add_argument("--reward", choices=("em", "f1", "em-format"), default="em", help="Training reward.")
     parser.add_argument("--eval-datasets", type=lambda s: [d for d in s.split(",") if d], default=["nq", "hotpotqa"])
     parser.add_argument("--eval-questions", type=int, default=EVAL_SPLIT)
     parser.add_argument("--rounds", type=int, default=6)
@@ -179,8 +184,10 @@ def main() -> None:
         "BRIDGE_POLICY_VLLM_PORT": str(args.vllm_port),
         "BRIDGE_TRAINER_QUEUE": f"bridge-learning-{os.getpid()}",  # another worker on this Redis never takes these
     })  # fmt: skip
+    from services.cli.ingest import ingest_file
     from services.cli.launcher import Stack
     from services.cli.prepare import prepare_all
+    from services.common.clients.retriever import RetrieverClient
     from services.common.settings import CommonSettings
 
     settings = CommonSettings()
@@ -191,6 +198,9 @@ def main() -> None:
     with Stack(
         settings, policy_port=args.policy_port, retriever_port=args.retriever_port, console_port=args.policy_port + 2
     ) as stack:
+        with RetrieverClient(stack.retriever_url, admin_token=settings.resolve_admin_token(), timeout=600) as client:
+            for corpus in args.corpus:
+                print(ingest_file(client, corpus), flush=True)
         start = evaluate(stack, items, args.max_turns)
         print(f"start: EM {sum(r.em for r in start) / len(start):.3f} ({len(start)} questions)", flush=True)
         for algo in args.algos:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 
@@ -32,6 +33,7 @@ from services.common.schemas.policy import (
 from services.policy.adapters import adapter_registry
 from services.policy.agent import AgentRunner, AgentTask, EventSink, RetrievalSpec
 from services.policy.backends.engine import Engine, EngineError
+from services.policy.merged import AdapterPerRequest, ServedWeights, merged_registry
 from services.policy.settings import PolicySettings
 from services.policy.store import TrajectoryStore
 
@@ -61,7 +63,15 @@ class PolicyService:
         self.settings = settings
         self.engine = engine
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoints = adapter_registry(engine, settings.checkpoint_root, settings.state_dir / "registry.json")
+        registry_file = settings.state_dir / "registry.json"
+        if settings.serves_merged:
+            base = Path(settings.resolved_model_dir)
+            self.checkpoints = merged_registry(engine, base, settings.state_dir / "merged", settings.checkpoint_root,
+                                               registry_file)  # fmt: skip
+            self.weights: ServedWeights | AdapterPerRequest = ServedWeights(engine, base)
+        else:
+            self.checkpoints = adapter_registry(engine, settings.checkpoint_root, registry_file)
+            self.weights = AdapterPerRequest()
         self.retriever = AsyncRetrieverClient(settings.retriever_url, timeout=settings.request_timeout_s)
         self.store = TrajectoryStore(
             settings.resolved_redis_url,
@@ -91,7 +101,8 @@ class PolicyService:
         kwargs.setdefault("initial_search", self.settings.initial_search)
         async with self.checkpoints.lease(version) as version:
             try:
-                return await self.agent.run(tasks, adapter=version, policy_version=version, **kwargs)
+                async with self.weights.serving(version, self.checkpoints.weights(version)) as adapter:
+                    return await self.agent.run(tasks, adapter=adapter, policy_version=version, **kwargs)
             except EngineError as exc:
                 raise UpstreamUnavailable(f"LLM engine: {exc}") from exc
             except ServiceError as exc:

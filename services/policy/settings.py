@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import CommonSettings
@@ -33,6 +33,12 @@ class PolicySettings(CommonSettings):
     )
     vllm_startup_timeout_s: float = Field(900, ge=10)
     max_model_len: int = Field(4096, ge=256)
+    adapter_serving: Literal["auto", "lora", "merged"] = Field(
+        "auto",
+        description="How trained LoRA checkpoints serve: 'lora' adapters beside the base (vLLM's LoRA kernels; what "
+        "'auto' picks), or 'merged' into the weights and reloaded in place when the served version changes (base "
+        "speed on vLLM-CPU; opt-in until its token-level equality with LoRA serving is shown, docs/architecture.md).",
+    )
     max_lora_rank: int = Field(16, ge=1, le=256)
     max_loras: int = Field(4, ge=1, le=64)
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
@@ -102,6 +108,16 @@ class PolicySettings(CommonSettings):
     @property
     def resolved_model_dir(self) -> str:
         return self.model_dir or str(self.policy_model_dir)
+
+    @model_validator(mode="after")
+    def _merged_needs_vllm(self) -> PolicySettings:
+        if self.adapter_serving == "merged" and self.engine != "vllm":
+            raise ValueError("adapter_serving 'merged' reloads weights in vLLM; the transformers engine serves LoRA")
+        return self
+
+    @property
+    def serves_merged(self) -> bool:
+        return self.adapter_serving == "merged"
 
     @property
     def resolved_redis_url(self) -> str:

@@ -115,16 +115,7 @@ def test_behaviour_logprobs_match_a_transformers_recomputation(policy, rollout_r
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(policy.env["BRIDGE_POLICY_MODEL_DIR"], dtype=torch.float32).eval()
-    diffs = []
-    for record in (searched(rollout_records) or rollout_records)[:4]:
-        ids = torch.tensor([record.token_ids])
-        with torch.no_grad():
-            logps = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)  # (T-1, V)
-        per_token = logps.gather(1, ids[0, 1:, None])[:, 0]  # log p(token t | < t), (T-1,)
-        mask = torch.tensor(record.generated_mask[1:], dtype=torch.bool)
-        behaviour = torch.tensor([lp for t in record.turns for lp in t.generated_logprobs])
-        diffs.append((per_token[mask] - behaviour).abs())
-    diff = torch.cat(diffs)
+    diff = recomputed_logprob_diff((searched(rollout_records) or rollout_records)[:4], model)
     print(
         f"\nbehaviour vs recomputed log-probs over {diff.numel()} tokens: "
         f"mean |diff| {diff.mean():.4f}, max {diff.max():.4f}"
@@ -227,6 +218,54 @@ def test_adapter_swaps_under_8_concurrent_clients(policy):
     assert listing["active"] == version and listing["previous"] == "base"
     rolled = httpx.post(policy.url + "/v1/checkpoints/rollback", headers=admin(policy))
     assert rolled.json()["active"] == "base"
+
+
+def recomputed_logprob_diff(records: list[TrajectoryRecord], model) -> torch.Tensor:
+    """|behaviour log-prob - `model`'s fp32 recomputation| over every generated token of `records`."""
+    diffs = []
+    for record in records:
+        ids = torch.tensor([record.token_ids])
+        with torch.no_grad():
+            logps = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)  # (T-1, V)
+        per_token = logps.gather(1, ids[0, 1:, None])[:, 0]  # log p(token t | < t), (T-1,)
+        mask = torch.tensor(record.generated_mask[1:], dtype=torch.bool)
+        behaviour = torch.tensor([lp for t in record.turns for lp in t.generated_logprobs])
+        diffs.append((per_token[mask] - behaviour).abs())
+    return torch.cat(diffs)
+
+
+def test_a_trained_adapter_serves_as_itself_and_rollback_restores_the_base(policy):
+    """What an activated adapter generates must be what base + LoRA gives in transformers (fp32), and rolling back
+    must give the base's again."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model_dir = policy.env["BRIDGE_POLICY_MODEL_DIR"]
+    version = write_adapter(policy, model_dir, "lora-merged", seed=2)
+    for step in ("/v1/checkpoints", f"/v1/checkpoints/{version}/activate"):
+        body = {"path": version} if step == "/v1/checkpoints" else None
+        response = httpx.post(policy.url + step, json=body, headers=admin(policy), timeout=300)
+        assert response.status_code == 200, response.text
+    items = [{"id": q["id"], "question": q["question"], "golden_answers": q["golden_answers"]} for q in QUESTIONS[:2]]
+    trained = [fetch(policy, s["trajectory_id"]) for s in rollout(policy, items, group_size=2, max_turns=1)]
+    assert {r.policy_version for r in trained} == {version}
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    adapted = PeftModel.from_pretrained(base, str(Path(policy.data_dir) / "checkpoints" / version)).eval()
+    diff = recomputed_logprob_diff(trained, adapted)
+    with adapted.disable_adapter():
+        base_diff = recomputed_logprob_diff(trained, adapted)
+    print(f"\nadapter {version}: |diff| vs base+LoRA mean {diff.mean():.4f} max {diff.max():.4f}; "
+          f"vs base mean {base_diff.mean():.4f}")  # fmt: skip
+    assert diff.mean() < LOGPROB_MEAN_TOL and diff.max() < LOGPROB_MAX_TOL
+    assert base_diff.mean() > 3 * diff.mean()  # the adapter really changed what is served
+
+    rolled = httpx.post(policy.url + "/v1/checkpoints/rollback", headers=admin(policy), timeout=300)
+    assert rolled.status_code == 200 and rolled.json()["active"] == "base"
+    again = [fetch(policy, s["trajectory_id"]) for s in rollout(policy, items[:1], group_size=2, max_turns=1)]
+    assert {r.policy_version for r in again} == {"base"}
+    with adapted.disable_adapter():
+        diff = recomputed_logprob_diff(again, adapted)
+    assert diff.mean() < LOGPROB_MEAN_TOL and diff.max() < LOGPROB_MAX_TOL
 
 
 def test_corrupt_adapter_is_refused(policy):

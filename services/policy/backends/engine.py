@@ -69,3 +69,8 @@ class Engine(ABC):
 
     @abstractmethod
     async def unload_adapter(self, name: str) -> None: ...
+
+    async def swap_weights(self, folder: Path) -> None:
+        """Replace the served model's weights with the safetensors in `folder` (same architecture), in place.
+        Called only when no request is generating (services/policy/merged.py)."""
+        raise EngineError(f"{type(self).__name__} cannot reload weights in place; serve adapters as LoRA")

@@ -36,7 +36,7 @@ class VLLMEngine(Engine):
             "--host", "127.0.0.1", "--port", str(s.vllm_port),
             "--dtype", self._dtype(),
             "--max-model-len", str(s.max_model_len),
-            "--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", str(s.max_loras),
+            *self._lora_args(),
             "--disable-uvicorn-access-log",
             # Log-probs of softmax(logits / T), the distribution each token was drawn from: the trainer's
             # importance weights compare its own log-probs at the trajectory's temperature with these.
@@ -44,6 +44,12 @@ class VLLMEngine(Engine):
             *self._cpu_args(),
             *shlex.split(s.vllm_args),
         ]  # fmt: skip
+
+    def _lora_args(self) -> list[str]:
+        if self.settings.serves_merged:  # adapters arrive merged into the weights: no LoRA layers to pay for
+            return []
+        s = self.settings
+        return ["--enable-lora", "--max-lora-rank", str(s.max_lora_rank), "--max-loras", str(s.max_loras)]
 
     def _dtype(self) -> str:
         import torch
@@ -78,6 +84,10 @@ class VLLMEngine(Engine):
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                 "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(self.settings.data_dir / "vllm-cache")),
             }
+            if self.settings.serves_merged:
+                # /pause, /resume and /collective_rpc (reload_weights) exist only in dev mode; the server listens
+                # on 127.0.0.1, reached by this service alone.
+                env["VLLM_SERVER_DEV_MODE"] = "1"
             if "VLLM_CPU_OMP_THREADS_BIND" not in env and os.cpu_count():
                 env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"
             self._log = (logs / "vllm.log").open("ab")
@@ -187,6 +197,24 @@ class VLLMEngine(Engine):
             return (await self._http.get("/health", timeout=5)).status_code == 200
         except httpx.TransportError:
             return False
+
+    async def swap_weights(self, folder: Path) -> None:
+        # Pause first: requests still in vLLM (none of ours: see ServedWeights) finish on the old weights, and
+        # the prefix cache, computed with them, is dropped.
+        await self._admin("/pause", params={"mode": "wait", "clear_cache": "true"})
+        try:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+            await self._admin("/collective_rpc", json=rpc)
+        finally:
+            await self._admin("/resume")
+
+    async def _admin(self, path: str, **kwargs) -> None:
+        try:
+            response = await self._http.post(path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"vLLM {path} failed: {exc}") from exc
+        if response.status_code != 200:
+            raise EngineError(f"vLLM {path} answered {response.status_code}: {response.text[:300]}")
 
     async def load_adapter(self, name: str, path: Path) -> None:
         body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}

@@ -39,3 +39,15 @@ def test_a_generated_admin_token_says_where_it_is(tmp_path, caplog):
     generated, reused = (r.getMessage() for r in caplog.records)
     assert "generated" in generated and str(tmp_path / "admin_token") in generated
     assert "using the admin token stored in" in reused and str(tmp_path / "admin_token") in reused
+
+
+def test_merged_adapter_serving_needs_vllm_and_auto_means_lora():
+    import pytest
+    from pydantic import ValidationError
+
+    from services.policy.settings import PolicySettings
+
+    assert not PolicySettings().serves_merged
+    assert PolicySettings(adapter_serving="merged").serves_merged
+    with pytest.raises(ValidationError, match="transformers engine serves LoRA"):
+        PolicySettings(adapter_serving="merged", engine="transformers")

@@ -1,0 +1,186 @@
+"""Live learning, as the online system is meant to be used (issue 13, section 3).
+
+Training-pool questions of `--train-dataset` are served through `POST /v1/agent/query` by `--clients` concurrent
+clients, with the deployment's exploration on (`BRIDGE_POLICY_SERVE_TEMPERATURE`, sampled retrieval), and each
+answer is rewarded through `POST /v1/feedback` with the question's gold answers, as a user's feedback would be.
+Meanwhile `bridge-rl train --source live` rounds (`--rounds` of `--live-batch` rewarded trajectories) train on them
+and publish into the same running services. Reported: the reward per round, the requests served and failed while
+the run swapped versions under them (must be 0 failed), and evaluation-split EM / F1 / recall@3 (greedy, the
+first `--eval-questions` of each `--eval-datasets` file) of the start and of what the run left active, with the
+paired sign test. The evaluations run on a greedy stack; the live phase on one with exploration on (same data dir:
+the registry carries the published versions across).
+
+    python -m experiments.live_learning --data-dir .cache/learning --qa-dir ../shared/data/qa \
+        --train-dataset nq --eval-datasets nq,hotpotqa --out docs/learning/live
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shlex
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from experiments.learning import compare, evaluate, round_rewards
+from services.common.checkpoints import write_json_atomic
+from services.eval.datasets import load_items
+from services.eval.split import EVAL_SPLIT, training_rows
+from services.eval.stats import bootstrap_mean_diff
+
+
+def serve_users(url: str, rows: list[dict], max_turns: int, stop: threading.Event, counts: Counter, seed: int):
+    """One client: ask training-pool questions in a shuffled loop, reward each answer with its gold answers."""
+    order = random.Random(seed)
+    with httpx.Client(base_url=url, timeout=900) as http:
+        while not stop.is_set():
+            row = order.choice(rows)
+            try:
+                response = http.post("/v1/agent/query", json={"question": row["question"], "max_turns": max_turns})
+                if response.status_code != 200:
+                    counts["failed"] += 1
+                    counts[f"failed {response.status_code}"] += 1
+                    continue
+                counts["served"] += 1
+                counts[f"version {response.json()['policy_version']}"] += 1
+                feedback = {"trajectory_id": response.json()["trajectory_id"], "golden_answers": row["golden_answers"]}
+                counts[
+                    "feedback ok" if http.post("/v1/feedback", json=feedback).status_code == 200 else "feedback failed"
+                ] += 1
+            except httpx.HTTPError as exc:
+                counts["failed"] += 1
+                counts[f"failed {type(exc).__name__}"] += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, required=True, help="Holds models and the ingested index.")
+    parser.add_argument("--qa-dir", type=Path, required=True, help="<dataset>.jsonl files (e.g. ../shared/data/qa).")
+    parser.add_argument("--algo", default="bridge", choices=("search-r1", "bridge", "alt-rp", "alt-pr"))
+    parser.add_argument("--train-dataset", default="nq")
+    parser.add_argument("--eval-datasets", type=lambda s: [d for d in s.split(",") if d], default=["nq", "hotpotqa"])
+    parser.add_argument("--eval-questions", type=int, default=EVAL_SPLIT)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--live-batch", type=int, default=32, help="Rewarded trajectories per round.")
+    parser.add_argument("--clients", type=int, default=8, help="Concurrent users during the live phase.")
+    parser.add_argument("--serve-temperature", type=float, default=1.0, help="The deployment's exploration.")
+    parser.add_argument("--max-turns", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("docs/learning/live"))
+    parser.add_argument("--policy-port", type=int, default=8400)
+    parser.add_argument("--retriever-port", type=int, default=8401)
+    parser.add_argument("--vllm-port", type=int, default=8411)
+    args = parser.parse_args()
+    if args.eval_questions > EVAL_SPLIT:
+        parser.error(f"--eval-questions above {EVAL_SPLIT} would read the training pool")
+    command = "python -m experiments.live_learning " + shlex.join(sys.argv[1:])
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.update({
+        "BRIDGE_DATA_DIR": str(args.data_dir.resolve()),
+        "BRIDGE_TRAINER_QA_DIR": str(args.qa_dir.resolve()),
+        "BRIDGE_POLICY_MAX_NEW_TOKENS": str(args.max_new_tokens),
+        "BRIDGE_POLICY_VLLM_PORT": str(args.vllm_port),
+        "BRIDGE_TRAINER_QUEUE": f"bridge-live-{os.getpid()}",
+    })  # fmt: skip
+    from experiments.compare_algos import reset_to_base, run_rounds
+    from services.cli.launcher import Stack
+    from services.cli.prepare import prepare_all
+    from services.common.settings import CommonSettings
+    from services.trainer.algo.config import AlgoConfig
+    from services.trainer.run_state import RunConfig
+
+    settings = CommonSettings()
+    prepare_all(settings)
+    items = [i for d in args.eval_datasets for i in load_items(args.qa_dir, d, args.eval_questions)]
+    pool = [row for _, row in training_rows(args.qa_dir, args.train_dataset)]
+    ports = {"policy_port": args.policy_port, "retriever_port": args.retriever_port,
+             "console_port": args.policy_port + 2}  # fmt: skip
+
+    def stack(temperature: float, retrieval: str) -> Stack:
+        os.environ["BRIDGE_POLICY_SERVE_TEMPERATURE"] = str(temperature)
+        os.environ["BRIDGE_POLICY_SERVE_RETRIEVAL"] = retrieval
+        return Stack(settings, **ports)
+
+    started = time.time()
+    with stack(0.0, "greedy") as greedy:
+        reset_to_base(greedy)
+        start = evaluate(greedy, items, args.max_turns)
+    print(f"start: EM {sum(r.em for r in start) / len(start):.3f} ({len(start)} questions)", flush=True)
+
+    counts: Counter = Counter()
+    config = RunConfig(run_id=f"live-{args.algo}-s{args.seed}-{int(time.time())}", source="live",
+                       dataset=args.train_dataset, rounds=args.rounds, live_batch=args.live_batch,
+                       max_turns=args.max_turns,
+                       algo=AlgoConfig(algo=args.algo, seed=args.seed, policy_rollouts="reweighted"))  # fmt: skip
+    live_started = time.time()
+    with stack(args.serve_temperature, "sample") as live:
+        stop = threading.Event()
+        users = [threading.Thread(target=serve_users, args=(live.policy_url, pool, args.max_turns, stop, counts,
+                                                               args.seed + i), daemon=True)
+                 for i in range(args.clients)]  # fmt: skip
+        for user in users:
+            user.start()
+        try:
+            run_rounds(live, config)
+        finally:
+            stop.set()
+            for user in users:
+                user.join()
+    live_s = time.time() - live_started
+    print(f"live: {dict(counts)} in {live_s:.0f} s", flush=True)
+
+    with stack(0.0, "greedy") as greedy:  # the registry kept what the run published: evaluate that
+        after = evaluate(greedy, items, args.max_turns)
+        reset_to_base(greedy)
+    rewards = round_rewards(settings.data_dir / "runs", config.run_id)
+    half = max(1, len(rewards) // 2)
+    first, last = [x for r in rewards[:half] for x in r], [x for r in rewards[-half:] for x in r]
+    result = {"command": command, "elapsed_s": time.time() - started, "live_s": live_s, "run_id": config.run_id,
+              "requests": dict(counts), "rewards": rewards,
+              "reward_diff": bootstrap_mean_diff(first, last, seed=args.seed).model_dump() if rewards else None,
+              "vs_start": compare(start, after, args.eval_datasets),
+              "start": [r.model_dump() for r in start], "after": [r.model_dump() for r in after]}  # fmt: skip
+    write_json_atomic(args.out / "results.json", result)
+    (args.out / "results.md").write_text(report(result, args))
+    print((args.out / "results.md").read_text())
+
+
+def report(result: dict, args) -> str:
+    counts = result["requests"]
+    lines = [f"# Live learning ({result['elapsed_s'] / 60:.1f} min wall, live phase {result['live_s'] / 60:.1f} min)",
+             "", f"`{result['command']}`", "",
+             f"{args.clients} users asked training-pool questions of {args.train_dataset} at temperature "
+             f"{args.serve_temperature} (sampled retrieval) and rewarded every answer through /v1/feedback while "
+             f"`{args.algo}` trained {args.rounds} live rounds of {args.live_batch} trajectories and published into "
+             "the same services.", "",
+             f"Requests served: {counts.get('served', 0)}, failed: **{counts.get('failed', 0)}**; by version: "
+             + ", ".join(f"{k.removeprefix('version ')} {v}" for k, v in sorted(counts.items())
+                         if k.startswith("version ")), ""]  # fmt: skip
+    means = [sum(r) / len(r) for r in result["rewards"] if r]
+    lines.append("Reward per round: " + ", ".join(f"{m:.3f}" for m in means))
+    if result["reward_diff"]:
+        d = result["reward_diff"]
+        lines.append(f"Second half minus first half of the rounds: {d['diff']:+.3f} "
+                     f"[{d['low']:+.3f}, {d['high']:+.3f}] (bootstrap 95 %)")  # fmt: skip
+    lines += ["", "| scope | n | EM start -> after (sign) | F1 start -> after (sign) | recall@3 start -> after |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for scope, row in result["vs_start"].items():
+        cells = []
+        for metric in ("em", "f1", "recall"):
+            m = row.get(metric)
+            s = m and m["sign"]
+            cells.append("–" if not m else f"{m['before']:.3f} -> {m['after']:.3f} (+{s['better']}/-{s['worse']}, "
+                                           f"p={s['p']:.2g})")  # fmt: skip
+        lines.append(f"| {scope} | {row['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
