@@ -152,38 +152,50 @@ def report(args, elapsed: float, start: list[ItemResult], runs: dict[str, dict])
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=["search-r1", "bridge"])
+def add_run_args(parser: argparse.ArgumentParser, *, out: Path, port_base: int) -> None:
+    """The options every learning experiment shares: data, evaluation split, turn budget, seed, output, ports."""
     parser.add_argument("--data-dir", type=Path, required=True, help="Holds models and the ingested index.")
     parser.add_argument("--qa-dir", type=Path, required=True, help="<dataset>.jsonl files (e.g. ../shared/data/qa).")
-    parser.add_argument("--corpus", type=Path, nargs="*", default=[], help="Corpus JSONL files to ingest first.")
     parser.add_argument("--train-dataset", default="nq", help="Trains on its training pool (after the first 100).")
-    parser.add_argument("--reward", choices=("em", "f1", "em-format"), default="em", help="Training reward.")
     parser.add_argument("--eval-datasets", type=lambda s: [d for d in s.split(",") if d], default=["nq", "hotpotqa"])
     parser.add_argument("--eval-questions", type=int, default=EVAL_SPLIT)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--questions-per-round", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("docs/learning"))
-    parser.add_argument("--policy-port", type=int, default=8300)
-    parser.add_argument("--retriever-port", type=int, default=8301)
-    parser.add_argument("--vllm-port", type=int, default=8311)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--policy-port", type=int, default=port_base)
+    parser.add_argument("--retriever-port", type=int, default=port_base + 1)
+    parser.add_argument("--vllm-port", type=int, default=port_base + 11)
+
+
+def setup_run(parser: argparse.ArgumentParser, args: argparse.Namespace, module: str) -> str:
+    """Refuse an evaluation that would read the training pool, make `--out`, point the embedded stack at the data
+    dir; returns the command line that reproduces the run."""
     if args.eval_questions > EVAL_SPLIT:
         parser.error(f"--eval-questions above {EVAL_SPLIT} would read the training pool")
-    args.command = "python -m experiments.learning " + shlex.join(sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.update({
         "BRIDGE_DATA_DIR": str(args.data_dir.resolve()),
         "BRIDGE_TRAINER_QA_DIR": str(args.qa_dir.resolve()),
         "BRIDGE_POLICY_MAX_NEW_TOKENS": str(args.max_new_tokens),
         "BRIDGE_POLICY_VLLM_PORT": str(args.vllm_port),
-        "BRIDGE_TRAINER_QUEUE": f"bridge-learning-{os.getpid()}",  # another worker on this Redis never takes these
+        # Its own queue: another worker on this Redis never takes these rounds.
+        "BRIDGE_TRAINER_QUEUE": f"bridge-{module.rsplit('.', 1)[-1]}-{os.getpid()}",
     })  # fmt: skip
+    return f"python -m {module} " + shlex.join(sys.argv[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(parser, out=Path("docs/learning"), port_base=8300)
+    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=["search-r1", "bridge"])
+    parser.add_argument("--corpus", type=Path, nargs="*", default=[], help="Corpus JSONL files to ingest first.")
+    parser.add_argument("--reward", choices=("em", "f1", "em-format"), default="em", help="Training reward.")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--questions-per-round", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
+    args = parser.parse_args()
+    args.command = setup_run(parser, args, "experiments.learning")
     from services.cli.ingest import ingest_file
     from services.cli.launcher import Stack
     from services.cli.prepare import prepare_all

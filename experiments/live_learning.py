@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shlex
-import sys
 import threading
 import time
 from collections import Counter
@@ -28,10 +26,10 @@ from pathlib import Path
 
 import httpx
 
-from experiments.learning import compare, evaluate, round_rewards
+from experiments.learning import add_run_args, compare, evaluate, round_rewards, setup_run
 from services.common.checkpoints import write_json_atomic
 from services.eval.datasets import load_items
-from services.eval.split import EVAL_SPLIT, training_rows
+from services.eval.split import training_rows
 from services.eval.stats import bootstrap_mean_diff
 
 
@@ -60,35 +58,14 @@ def serve_users(url: str, rows: list[dict], max_turns: int, stop: threading.Even
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", type=Path, required=True, help="Holds models and the ingested index.")
-    parser.add_argument("--qa-dir", type=Path, required=True, help="<dataset>.jsonl files (e.g. ../shared/data/qa).")
+    add_run_args(parser, out=Path("docs/learning/live"), port_base=8400)
     parser.add_argument("--algo", default="bridge", choices=("search-r1", "bridge", "alt-rp", "alt-pr"))
-    parser.add_argument("--train-dataset", default="nq")
-    parser.add_argument("--eval-datasets", type=lambda s: [d for d in s.split(",") if d], default=["nq", "hotpotqa"])
-    parser.add_argument("--eval-questions", type=int, default=EVAL_SPLIT)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--live-batch", type=int, default=32, help="Rewarded trajectories per round.")
     parser.add_argument("--clients", type=int, default=8, help="Concurrent users during the live phase.")
     parser.add_argument("--serve-temperature", type=float, default=1.0, help="The deployment's exploration.")
-    parser.add_argument("--max-turns", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("docs/learning/live"))
-    parser.add_argument("--policy-port", type=int, default=8400)
-    parser.add_argument("--retriever-port", type=int, default=8401)
-    parser.add_argument("--vllm-port", type=int, default=8411)
     args = parser.parse_args()
-    if args.eval_questions > EVAL_SPLIT:
-        parser.error(f"--eval-questions above {EVAL_SPLIT} would read the training pool")
-    command = "python -m experiments.live_learning " + shlex.join(sys.argv[1:])
-    args.out.mkdir(parents=True, exist_ok=True)
-    os.environ.update({
-        "BRIDGE_DATA_DIR": str(args.data_dir.resolve()),
-        "BRIDGE_TRAINER_QA_DIR": str(args.qa_dir.resolve()),
-        "BRIDGE_POLICY_MAX_NEW_TOKENS": str(args.max_new_tokens),
-        "BRIDGE_POLICY_VLLM_PORT": str(args.vllm_port),
-        "BRIDGE_TRAINER_QUEUE": f"bridge-live-{os.getpid()}",
-    })  # fmt: skip
+    command = setup_run(parser, args, "experiments.live_learning")
     from experiments.compare_algos import reset_to_base, run_rounds
     from services.cli.launcher import Stack
     from services.cli.prepare import prepare_all
