@@ -1,16 +1,17 @@
 """Serving a trained LoRA at base speed: merged into the weights, one weight set in the engine at a time.
 
 vLLM's CPU LoRA path runs the adapter as extra matmuls on every token and served a trained checkpoint ~7x slower
-than the base (docs/performance.md). Merged, a checkpoint is a plain model: the same kernels as the base. The cost
-moves to the swap: a version's merge is written once, when it is registered (seconds for SmolLM2), and the engine
-reloads weights in place (`reload_weights`) when the version it serves changes.
+than the base (0.4 vs 3 questions/s in evaluation, issue 14). Merged, a checkpoint is a plain model: the same
+kernels as the base. The cost moves to the swap: a version's merge is written once, when it is registered
+(seconds for SmolLM2), and the engine reloads weights in place (`reload_weights`) when the version it serves
+changes.
 
 The hot-swap contract still holds with a single weight set, because `ServedWeights` decides when the engine may
 change: a request enters on the version it leased; while it runs, the engine keeps that version's weights; a
 request for another version waits until the running ones finish (and from then on, new requests for the old one
 wait behind it, so a stream of them cannot starve it), then the engine swaps and it goes. Requests are delayed by
-a swap, never failed. On a GPU, vLLM's LoRA kernels are fast, and LoRA serving (`adapters.py`) stays the default
-(`PolicySettings.adapter_serving`).
+a swap, never failed. Opt-in (`BRIDGE_POLICY_ADAPTER_SERVING=merged`); LoRA serving (`adapters.py`) is the default
+until a streamed-vs-plain log-prob gap seen after reloads is explained (docs/architecture.md).
 """
 
 from __future__ import annotations
