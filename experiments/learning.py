@@ -118,7 +118,8 @@ def report(args, elapsed: float, start: list[ItemResult], runs: dict[str, dict])
              f"`{args.command}`", "",
              f"Training: {args.rounds} rounds x {args.questions_per_round} questions x G {args.group_size} on the "
              f"training pool of {args.train_dataset} (after its first {EVAL_SPLIT}), max {args.max_turns} searches, "
-             f"reward {args.reward}, seed {args.seed}. Evaluation: the first {args.eval_questions} questions of "
+             f"reward {args.reward}, seed {args.seed}; trained policies served {args.adapter_serving}. "
+             f"Evaluation: the first {args.eval_questions} questions of "
              f"{', '.join(datasets)}, agent mode, greedy, top-3.", "",
              "## Training reward", "",
              "| algo | rounds | first 3 rounds | last 3 rounds | last - first (bootstrap 95 %) | significant |",
@@ -166,6 +167,9 @@ def add_run_args(parser: argparse.ArgumentParser, *, out: Path, port_base: int) 
     parser.add_argument("--policy-port", type=int, default=port_base)
     parser.add_argument("--retriever-port", type=int, default=port_base + 1)
     parser.add_argument("--vllm-port", type=int, default=port_base + 11)
+    parser.add_argument("--adapter-serving", choices=("auto", "lora", "merged"), default="auto",
+                        help="How vLLM serves trained policies (BRIDGE_POLICY_ADAPTER_SERVING): merged runs them at "
+                        "the base model's speed on CPU, LoRA there is several times slower.")  # fmt: skip
 
 
 def setup_run(parser: argparse.ArgumentParser, args: argparse.Namespace, module: str) -> str:
@@ -179,6 +183,7 @@ def setup_run(parser: argparse.ArgumentParser, args: argparse.Namespace, module:
         "BRIDGE_TRAINER_QA_DIR": str(args.qa_dir.resolve()),
         "BRIDGE_POLICY_MAX_NEW_TOKENS": str(args.max_new_tokens),
         "BRIDGE_POLICY_VLLM_PORT": str(args.vllm_port),
+        "BRIDGE_POLICY_ADAPTER_SERVING": args.adapter_serving,
         # Its own queue: another worker on this Redis never takes these rounds.
         "BRIDGE_TRAINER_QUEUE": f"bridge-{module.rsplit('.', 1)[-1]}-{os.getpid()}",
     })  # fmt: skip
