@@ -24,3 +24,11 @@ def test_compare_pairs_questions_and_tests_signs():
     assert (nq["sign"]["better"], nq["sign"]["worse"]) == (6, 0) and nq["sign"]["p"] == pytest.approx(2 / 64)
     assert out["all"]["n"] == 7 and out["all"]["em"]["sign"]["worse"] == 1
     assert "recall" not in out["hotpotqa"]  # no supporting passages known: no recall to compare
+
+
+def test_reward_signal_counts_only_groups_whose_rewards_differ():
+    from experiments.reward_signal import group_signal
+
+    signal = group_signal({"q1": [0.0, 0.0, 0.0, 0.0], "q2": [1.0, 0.0, 0.0, 0.0], "q3": [0.2, 0.2, 0.2, 0.2]})
+    assert signal["groups"] == 3 and signal["informative_groups"] == 1
+    assert abs(signal["mean_reward"] - (1.0 + 0.8) / 12) < 1e-9
