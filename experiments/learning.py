@@ -14,7 +14,7 @@ recall@3 before and after, per dataset and group, with an exact paired sign test
 
     python -m experiments.learning --data-dir .cache/learning --qa-dir ../shared/data/qa \
         --corpus ../shared/data/corpus/nq.jsonl ../shared/data/corpus/hotpotqa.jsonl \
-        --algos search-r1 bridge --train-dataset nq --eval-datasets nq,hotpotqa --out docs/learning
+        --algos search-r1 bridge --train-dataset nq --eval-datasets nq,hotpotqa --adapter-serving merged --out docs/results/learning
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def setup_run(parser: argparse.ArgumentParser, args: argparse.Namespace, module:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_args(parser, out=Path("docs/learning"), port_base=8300)
+    add_run_args(parser, out=Path("docs/results/learning"), port_base=8300)
     parser.add_argument("--algos", nargs="+", choices=ALGOS, default=["search-r1", "bridge"])
     parser.add_argument("--corpus", type=Path, nargs="*", default=[], help="Corpus JSONL files to ingest first.")
     parser.add_argument("--reward", choices=("em", "f1", "em-format"), default="em", help="Training reward.")

@@ -11,7 +11,7 @@ paired sign test. The evaluations run on a greedy stack; the live phase on one w
 the registry carries the published versions across).
 
     python -m experiments.live_learning --data-dir .cache/learning --qa-dir ../shared/data/qa \
-        --train-dataset nq --eval-datasets nq,hotpotqa --out docs/learning/live
+        --train-dataset nq --eval-datasets nq,hotpotqa --adapter-serving merged --rounds 3 --out docs/results/live
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def serve_users(url: str, rows: list[dict], max_turns: int, stop: threading.Even
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_args(parser, out=Path("docs/learning/live"), port_base=8400)
+    add_run_args(parser, out=Path("docs/results/live"), port_base=8400)
     parser.add_argument("--algo", default="bridge", choices=("search-r1", "bridge", "alt-rp", "alt-pr"))
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--live-batch", type=int, default=32, help="Rewarded trajectories per round.")
