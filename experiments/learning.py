@@ -14,7 +14,8 @@ recall@3 before and after, per dataset and group, with an exact paired sign test
 
     python -m experiments.learning --data-dir .cache/learning --qa-dir ../shared/data/qa \
         --corpus ../shared/data/corpus/nq.jsonl ../shared/data/corpus/hotpotqa.jsonl \
-        --algos search-r1 bridge --train-dataset nq --eval-datasets nq,hotpotqa --adapter-serving merged --out docs/results/learning
+        --algos search-r1 bridge --train-dataset nq --eval-datasets nq,hotpotqa \
+        --adapter-serving merged --out docs/results/learning
 """
 
 from __future__ import annotations
