@@ -18,6 +18,7 @@ from services.cli.ingest import ingest_file
 from services.cli.launcher import Stack
 from services.common.clients.policy import PolicyClient
 from services.common.clients.retriever import RetrieverClient
+from services.trainer.run_state import read_metrics
 
 DEMO = Path(__file__).resolve().parents[1] / "demo_data"
 
@@ -33,7 +34,7 @@ def ask_all(stack: Stack, questions: list[dict]) -> list[dict]:
         for q in questions:
             r = client.query(q["question"], max_turns=1)
             said = " ".join(t.text for t in r.turns).strip().replace("\n", " ")
-            # SmolLM2-135M rarely closes an <answer> tag: show what it said instead of an empty cell.
+            # Where the policy closes no <answer> tag, show what it said instead of an empty cell.
             answer = r.answer or f"(no <answer>) {said[:60]}"
             out.append({"answer": answer, "policy": r.policy_version, "retriever": r.retriever_version,
                         "searched": [d["title"] for t in r.turns if t.search for d in t.search.docs]})  # fmt: skip
@@ -75,6 +76,8 @@ def run_demo(stack: Stack, rounds: int = 2) -> None:
         table.add_row(q["question"], ", ".join(q["golden_answers"]), "; ".join(b["searched"]), b["answer"],
                       "; ".join(a["searched"]), a["answer"])  # fmt: skip
     console.print(table)
+    for m in read_metrics(stack.settings.data_dir / "runs", run_id):
+        console.print(f"round {m['round']}: training reward {m.get('reward/mean', 0.0):.3f} (EM, mean of its rollouts)")
     console.print(f"policy    {before[0]['policy']} -> {after[0]['policy']}")
     console.print(f"retriever {before[0]['retriever']} -> {after[0]['retriever']}")
     console.print(f"logs and runs under {stack.settings.data_dir}")
