@@ -103,6 +103,9 @@ def worker(
         os.environ["BRIDGE_TRAINER_METRICS_PORT"] = str(metrics_port)
     settings = TrainerSettings()
     serve_metrics(settings.runs_dir, settings.metrics_port, settings.metrics_host)  # from this, the main process
+    if settings.cpu_set:  # before torch starts its thread pool; prefork children inherit both
+        os.sched_setaffinity(0, settings.cpu_set)
+        os.environ["OMP_NUM_THREADS"] = str(len(settings.cpu_set))
     pool = "solo" if concurrency == 1 else "prefork"
     args = ["worker", f"--loglevel={loglevel}", f"--concurrency={concurrency}", f"--pool={pool}"]
     make_celery(settings).worker_main(args)

@@ -7,6 +7,7 @@ passages/s instead of ~70). So "auto" picks bf16 only where the flags say it is 
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -37,3 +38,15 @@ def resolve_dtype(dtype: str, flags: frozenset[str] | None = None) -> Precision:
     if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"dtype must be auto, bfloat16 or float32, not {dtype!r}")
     return dtype  # type: ignore[return-value]
+
+
+def parse_cpu_list(spec: str) -> set[int]:
+    """`"1"`, `"0-3"`, `"0,2-3"` (the kernel's and vLLM's cpu-list form) -> the set of core ids."""
+    cores: set[int] = set()
+    for part in spec.split(","):
+        bounds = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        low, high = (int(bounds[1]), int(bounds[2] or bounds[1])) if bounds else (1, 0)
+        if high < low:
+            raise ValueError(f"not a cpu list (e.g. 1, 0-3, 0,2-3): {spec!r}")
+        cores.update(range(low, high + 1))
+    return cores

@@ -5,6 +5,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.common.hardware import parse_cpu_list
 from services.common.settings import CommonSettings
 from services.eval.split import training_rows
 
@@ -55,12 +56,24 @@ class TrainerSettings(CommonSettings):
     retry_backoff_s: float = Field(2.0, gt=0, description="Wait before the first retry; doubles with each retry.")
     retry_backoff_max_s: float = Field(60.0, gt=0, description="Cap on the wait between two retries.")
     retry_jitter: bool = Field(True, description="Draw each wait uniformly from [0, backoff] (full jitter).")
+    cpus: str | None = Field(
+        None,
+        description="Cores the worker trains on, as a cpu list ('1', '2-3'); default all. On a box that also "
+        "serves, keep them apart from vLLM's VLLM_CPU_OMP_THREADS_BIND: two OpenMP pools spinning on the same "
+        "cores slow both by far more than half.",
+    )
 
     @model_validator(mode="after")
     def _backoff_cap(self) -> TrainerSettings:
         if self.retry_backoff_max_s < self.retry_backoff_s:
             raise ValueError("retry_backoff_max_s must be at least retry_backoff_s")
+        if self.cpus is not None:
+            parse_cpu_list(self.cpus)
         return self
+
+    @property
+    def cpu_set(self) -> set[int] | None:
+        return parse_cpu_list(self.cpus) if self.cpus else None
 
     @property
     def runs_dir(self) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.hardware import cpu_flags, native_bf16, resolve_dtype
+from services.common.hardware import cpu_flags, native_bf16, parse_cpu_list, resolve_dtype
 from services.policy.settings import PolicySettings
 from services.retriever.settings import RetrieverSettings
 
@@ -35,3 +35,18 @@ def test_services_default_to_auto(monkeypatch):
     assert PolicySettings().dtype == "auto" and RetrieverSettings().dtype == "auto"
     monkeypatch.setenv("BRIDGE_RETRIEVER_DTYPE", "float32")
     assert RetrieverSettings().dtype == "float32"
+
+
+def test_cpu_lists_parse_like_the_kernels(monkeypatch):
+    assert parse_cpu_list("1") == {1} and parse_cpu_list("0-3") == {0, 1, 2, 3}
+    assert parse_cpu_list("0,2-3") == {0, 2, 3}
+    for bad in ("", "a", "3-1", "1-", "-1", "1;2"):
+        with pytest.raises(ValueError):
+            parse_cpu_list(bad)
+    from services.trainer.settings import TrainerSettings
+
+    monkeypatch.setenv("BRIDGE_TRAINER_CPUS", "1")
+    assert TrainerSettings().cpu_set == {1}
+    monkeypatch.setenv("BRIDGE_TRAINER_CPUS", "one")
+    with pytest.raises(ValueError, match="cpu list"):
+        TrainerSettings()
