@@ -28,12 +28,14 @@ import httpx
 
 from experiments.learning import add_run_args, compare, evaluate, round_rewards, setup_run
 from services.common.checkpoints import write_json_atomic
+from services.common.hardware import parse_cpu_list
 from services.eval.datasets import load_items
 from services.eval.split import training_rows
 from services.eval.stats import bootstrap_mean_diff
 
 
-def serve_users(url: str, rows: list[dict], max_turns: int, stop: threading.Event, counts: Counter, seed: int):
+def serve_users(url: str, rows: list[dict], max_turns: int, reward: str, stop: threading.Event, counts: Counter,
+                seed: int):  # fmt: skip
     """One client: ask training-pool questions in a shuffled loop, reward each answer with its gold answers."""
     order = random.Random(seed)
     with httpx.Client(base_url=url, timeout=900) as http:
@@ -47,7 +49,8 @@ def serve_users(url: str, rows: list[dict], max_turns: int, stop: threading.Even
                     continue
                 counts["served"] += 1
                 counts[f"version {response.json()['policy_version']}"] += 1
-                feedback = {"trajectory_id": response.json()["trajectory_id"], "golden_answers": row["golden_answers"]}
+                feedback = {"trajectory_id": response.json()["trajectory_id"], "golden_answers": row["golden_answers"],
+                            "reward_kind": reward}  # fmt: skip
                 counts[
                     "feedback ok" if http.post("/v1/feedback", json=feedback).status_code == 200 else "feedback failed"
                 ] += 1
@@ -64,6 +67,11 @@ def main() -> None:
     parser.add_argument("--live-batch", type=int, default=32, help="Rewarded trajectories per round.")
     parser.add_argument("--clients", type=int, default=8, help="Concurrent users during the live phase.")
     parser.add_argument("--serve-temperature", type=float, default=1.0, help="The deployment's exploration.")
+    parser.add_argument("--reward", choices=("em", "f1", "em-format"), default="em",
+                        help="How /v1/feedback scores each answer against its gold answers.")  # fmt: skip
+    parser.add_argument("--trainer-cpus", default=None,
+                        help="Cores the trainer worker gets (a cpu list, e.g. 1); vLLM gets the rest. Default: shared, "
+                        "which on 2 cores starves a round's optimizer step behind the users' generation.")  # fmt: skip
     args = parser.parse_args()
     command = setup_run(parser, args, "experiments.live_learning")
     from experiments.compare_algos import reset_to_base, run_rounds
@@ -80,9 +88,18 @@ def main() -> None:
     ports = {"policy_port": args.policy_port, "retriever_port": args.retriever_port,
              "console_port": args.policy_port + 2}  # fmt: skip
 
-    def stack(temperature: float, retrieval: str) -> Stack:
+    def stack(temperature: float, retrieval: str, split_cores: bool = False) -> Stack:
         os.environ["BRIDGE_POLICY_SERVE_TEMPERATURE"] = str(temperature)
         os.environ["BRIDGE_POLICY_SERVE_RETRIEVAL"] = retrieval
+        for name in ("BRIDGE_TRAINER_CPUS", "VLLM_CPU_OMP_THREADS_BIND"):
+            os.environ.pop(name, None)
+        if split_cores and args.trainer_cpus:
+            trainer = parse_cpu_list(args.trainer_cpus)
+            serving = sorted(os.sched_getaffinity(0) - trainer)
+            if not serving:
+                parser.error(f"--trainer-cpus {args.trainer_cpus} leaves vLLM no core")
+            os.environ["BRIDGE_TRAINER_CPUS"] = args.trainer_cpus
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, serving))
         return Stack(settings, **ports)
 
     started = time.time()
@@ -97,10 +114,10 @@ def main() -> None:
                        max_turns=args.max_turns,
                        algo=AlgoConfig(algo=args.algo, seed=args.seed, policy_rollouts="reweighted"))  # fmt: skip
     live_started = time.time()
-    with stack(args.serve_temperature, "sample") as live:
+    with stack(args.serve_temperature, "sample", split_cores=True) as live:
         stop = threading.Event()
-        users = [threading.Thread(target=serve_users, args=(live.policy_url, pool, args.max_turns, stop, counts,
-                                                               args.seed + i), daemon=True)
+        user_args = (live.policy_url, pool, args.max_turns, args.reward, stop, counts)
+        users = [threading.Thread(target=serve_users, args=(*user_args, args.seed + i), daemon=True)
                  for i in range(args.clients)]  # fmt: skip
         for user in users:
             user.start()
@@ -120,6 +137,7 @@ def main() -> None:
     half = max(1, len(rewards) // 2)
     first, last = [x for r in rewards[:half] for x in r], [x for r in rewards[-half:] for x in r]
     result = {"command": command, "elapsed_s": time.time() - started, "live_s": live_s, "run_id": config.run_id,
+              "reward_kind": args.reward, "trainer_cpus": args.trainer_cpus,
               "requests": dict(counts), "rewards": rewards,
               "reward_diff": bootstrap_mean_diff(first, last, seed=args.seed).model_dump() if rewards else None,
               "vs_start": compare(start, after, args.eval_datasets),
@@ -134,9 +152,11 @@ def report(result: dict, args) -> str:
     lines = [f"# Live learning ({result['elapsed_s'] / 60:.1f} min wall, live phase {result['live_s'] / 60:.1f} min)",
              "", f"`{result['command']}`", "",
              f"{args.clients} users asked training-pool questions of {args.train_dataset} at temperature "
-             f"{args.serve_temperature} (sampled retrieval) and rewarded every answer through /v1/feedback while "
+             f"{args.serve_temperature} (sampled retrieval) and rewarded every answer ({args.reward}) through "
+             "/v1/feedback while "
              f"`{args.algo}` trained {args.rounds} live rounds of {args.live_batch} trajectories and published into "
-             "the same services.", "",
+             "the same services" + (f" (trainer on cores {args.trainer_cpus}, vLLM on the rest)." if args.trainer_cpus
+                                    else "."), "",
              f"Requests served: {counts.get('served', 0)}, failed: **{counts.get('failed', 0)}**; by version: "
              + ", ".join(f"{k.removeprefix('version ')} {v}" for k, v in sorted(counts.items())
                          if k.startswith("version ")), ""]  # fmt: skip

@@ -269,8 +269,9 @@ class PolicyService:
             record.golden_answers = request.golden_answers
             record.em = exact_match(record.answer, request.golden_answers)
             record.f1 = f1_score(record.answer, request.golden_answers)
-            record.reward = record.em
-            record.reward_kind = "em"
+            text = trajectory_text(record, self.engine.tokenizer) if request.reward_kind == "em-format" else ""
+            record.reward = reward_for(request.reward_kind, text, record.answer, request.golden_answers)
+            record.reward_kind = request.reward_kind
         else:
             record.reward = request.reward
         await self.store.set_reward(record)

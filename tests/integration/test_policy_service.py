@@ -12,7 +12,7 @@ import pytest
 import redis
 import torch
 
-from services.common.answers import exact_match, extract_answer
+from services.common.answers import em_format_score, exact_match, extract_answer, trajectory_text
 from services.common.checkpoints import publish_checkpoint, staging_dir
 from services.common.schemas.policy import TrajectoryRecord
 from tests.conftest import REPO, policy_env, start_service, stop_service
@@ -153,10 +153,20 @@ def test_rollouts_are_reproducible_by_seed(policy):
 
 def test_feedback_sets_the_reward(policy, rollout_records):
     record = rollout_records[0]
-    response = httpx.post(
-        policy.url + "/v1/feedback", json={"trajectory_id": record.id, "golden_answers": ["definitely not this"]}
-    )
+    wrong = {"trajectory_id": record.id, "golden_answers": ["definitely not this"]}
+    response = httpx.post(policy.url + "/v1/feedback", json=wrong)
     assert response.status_code == 200 and response.json()["reward"] == 0.0
+    assert fetch(policy, record.id).reward_kind == "em"
+    scored = httpx.post(policy.url + "/v1/feedback", json={**wrong, "reward_kind": "em-format"})
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy.env["BRIDGE_POLICY_MODEL_DIR"])
+    text = trajectory_text(fetch(policy, record.id), tokenizer)
+    expected = em_format_score(text, record.answer, wrong["golden_answers"])
+    assert scored.status_code == 200 and scored.json()["reward"] == expected
+    assert fetch(policy, record.id).reward_kind == "em-format"
+    both = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": record.id, "reward": 1, "reward_kind": "f1"})
+    assert both.status_code == 422 and "reward_kind" in both.text
     response = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": record.id, "reward": 0.5})
     assert response.status_code == 200 and fetch(policy, record.id).reward == 0.5
     missing = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": "nope", "reward": 1.0})

@@ -114,11 +114,16 @@ class FeedbackRequest(Strict):
     trajectory_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     golden_answers: list[Gold] | None = Field(None, min_length=1, max_length=MAX_GOLD)
     reward: float | None = Field(None, ge=-10.0, le=10.0)
+    reward_kind: RewardKind = Field(
+        "em", description="How golden_answers score the answer: em, f1 or em-format (as POST /v1/rollouts' reward)."
+    )
 
     @model_validator(mode="after")
     def _one_of(self) -> FeedbackRequest:
         if (self.golden_answers is None) == (self.reward is None):
             raise ValueError("give exactly one of golden_answers or reward")
+        if self.reward is not None and self.reward_kind != "em":
+            raise ValueError("reward_kind scores golden_answers; a given reward is taken as it is")
         return self
 
 
