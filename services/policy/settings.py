@@ -38,7 +38,7 @@ class PolicySettings(CommonSettings):
         "auto",
         description="How trained LoRA checkpoints serve: 'lora' adapters beside the base (vLLM's LoRA kernels), or "
         "'merged' into the weights and reloaded in place when the served version changes (base speed on vLLM-CPU, "
-        "where its LoRA path is ~7x slower). 'auto': merged for vLLM on a CPU, LoRA on a GPU and for transformers.",
+        "where its LoRA path is ~7x slower). 'auto': merged where the service starts vLLM on a CPU; else LoRA.",
     )
     max_lora_rank: int = Field(16, ge=1, le=256)
     max_loras: int = Field(4, ge=1, le=64)
@@ -119,7 +119,8 @@ class PolicySettings(CommonSettings):
     @property
     def serves_merged(self) -> bool:
         if self.adapter_serving == "auto":
-            return self.engine == "vllm" and not gpu_available()
+            # An external server (vllm_url) was started by someone else, maybe without the dev-mode reload endpoints.
+            return self.engine == "vllm" and self.vllm_url is None and not gpu_available()
         return self.adapter_serving == "merged"
 
     @property

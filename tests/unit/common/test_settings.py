@@ -52,6 +52,7 @@ def test_merged_adapter_serving_needs_vllm_and_auto_picks_by_device(monkeypatch)
     assert PolicySettings().serves_merged  # vLLM on a CPU: its LoRA path is ~7x slower than merged weights
     assert not PolicySettings(engine="transformers").serves_merged
     assert not PolicySettings(adapter_serving="lora").serves_merged
+    assert not PolicySettings(vllm_url="http://vllm:8000").serves_merged  # not ours to reload
     monkeypatch.setattr(policy_settings, "gpu_available", lambda: True)
     assert not PolicySettings().serves_merged  # a GPU has vLLM's LoRA kernels
     assert PolicySettings(adapter_serving="merged").serves_merged
