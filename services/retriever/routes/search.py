@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from services.common.schemas.retriever import RetrieveRequest, SearchRequest, SearchResponse
 from services.retriever.routes.deps import Metrics, Service
@@ -12,12 +12,13 @@ ERRORS = {422: {"description": "Invalid body (reason in `detail`)"}, 413: {"desc
 
 
 @router.post("/v1/search", response_model=SearchResponse, responses=ERRORS)
-async def search(body: SearchRequest, service: Service, metrics: Metrics) -> SearchResponse:
+async def search(body: SearchRequest, service: Service, metrics: Metrics) -> Response:
     started = time.perf_counter()
     response = await service.search(body)
     metrics.search_seconds.labels(body.mode).observe(time.perf_counter() - started)
     metrics.queries.inc(len(body.queries))
-    return response
+    # Serialized once, in pydantic's core: returned as a model, FastAPI would dump, re-validate and encode it.
+    return Response(response.model_dump_json(), media_type="application/json")
 
 
 @router.post("/retrieve", responses=ERRORS)
