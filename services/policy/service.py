@@ -19,6 +19,7 @@ from services.common.schemas.policy import (
     AgentQueryResponse,
     FeedbackRequest,
     FeedbackResponse,
+    RewardKind,
     RolloutRequest,
     RolloutResponse,
     RolloutSummary,
@@ -235,12 +236,7 @@ class PolicyService:
         )
         records = []
         for record, _ in results:
-            gold = record.golden_answers or []
-            record.em = exact_match(record.answer, gold)
-            record.f1 = f1_score(record.answer, gold)
-            text = trajectory_text(record, self.engine.tokenizer) if request.reward == "em-format" else ""
-            record.reward = reward_for(request.reward, text, record.answer, gold)
-            record.reward_kind = request.reward
+            self._score(record, record.golden_answers or [], request.reward)
             records.append(record)
         await self.store.append(records)
         return RolloutResponse(
@@ -260,6 +256,14 @@ class PolicyService:
             ]
         )
 
+    def _score(self, record: TrajectoryRecord, gold: list[str], kind: RewardKind) -> None:
+        """EM and F1 against `gold`, and the training reward of `kind` (rollouts and feedback score alike)."""
+        record.em = exact_match(record.answer, gold)
+        record.f1 = f1_score(record.answer, gold)
+        text = trajectory_text(record, self.engine.tokenizer) if kind == "em-format" else ""
+        record.reward = reward_for(kind, text, record.answer, gold)
+        record.reward_kind = kind
+
     async def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
         record = await self.store.get(request.trajectory_id)
         if record.status == "cancelled":  # no answer to reward: live learning must never train on a cut-short run
@@ -267,11 +271,7 @@ class PolicyService:
                            param="trajectory_id")  # fmt: skip
         if request.golden_answers is not None:
             record.golden_answers = request.golden_answers
-            record.em = exact_match(record.answer, request.golden_answers)
-            record.f1 = f1_score(record.answer, request.golden_answers)
-            text = trajectory_text(record, self.engine.tokenizer) if request.reward_kind == "em-format" else ""
-            record.reward = reward_for(request.reward_kind, text, record.answer, request.golden_answers)
-            record.reward_kind = request.reward_kind
+            self._score(record, request.golden_answers, request.reward_kind)
         else:
             record.reward = request.reward
         await self.store.set_reward(record)
