@@ -54,7 +54,8 @@ def train(stack, args, algo: str) -> str:
     config = RunConfig(run_id=f"learn-{algo}-s{args.seed}-{int(time.time())}", dataset=args.train_dataset,
                        rounds=args.rounds, questions_per_round=args.questions_per_round, max_turns=args.max_turns,
                        reward=args.reward,
-                       algo=AlgoConfig(algo=algo, group_size=args.group_size, seed=args.seed))  # fmt: skip
+                       algo=AlgoConfig(algo=algo, group_size=args.group_size, seed=args.seed,
+                                       policy_steps=args.policy_steps, policy_lr=args.policy_lr))  # fmt: skip
     return run_rounds(stack, config)
 
 
@@ -119,7 +120,8 @@ def report(args, elapsed: float, start: list[ItemResult], runs: dict[str, dict])
              f"`{args.command}`", "",
              f"Training: {args.rounds} rounds x {args.questions_per_round} questions x G {args.group_size} on the "
              f"training pool of {args.train_dataset} (after its first {EVAL_SPLIT}), max {args.max_turns} searches, "
-             f"reward {args.reward}, seed {args.seed}; trained policies served {args.adapter_serving}. "
+             f"reward {args.reward}, policy {args.policy_steps} step(s) a round at lr {args.policy_lr:g}, "
+             f"seed {args.seed}; trained policies served {args.adapter_serving}. "
              f"Evaluation: the first {args.eval_questions} questions of "
              f"{', '.join(datasets)}, agent mode, greedy, top-3.", "",
              "## Training reward", "",
@@ -200,6 +202,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--questions-per-round", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--policy-steps", type=int, default=1, help="Optimizer steps on the policy per round.")
+    parser.add_argument("--policy-lr", type=float, default=1e-4, help="Adam step size for the policy's LoRA.")
     args = parser.parse_args()
     args.command = setup_run(parser, args, "experiments.learning")
     from services.cli.ingest import ingest_file
