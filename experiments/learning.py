@@ -170,6 +170,8 @@ def add_run_args(parser: argparse.ArgumentParser, *, out: Path, port_base: int) 
     parser.add_argument("--policy-port", type=int, default=port_base)
     parser.add_argument("--retriever-port", type=int, default=port_base + 1)
     parser.add_argument("--vllm-port", type=int, default=port_base + 11)
+    parser.add_argument("--policy-steps", type=int, default=1, help="Optimizer steps on the policy per round.")
+    parser.add_argument("--policy-lr", type=float, default=1e-4, help="Adam step size for the policy's LoRA.")
     parser.add_argument("--adapter-serving", choices=("auto", "lora", "merged"), default="auto",
                         help="How vLLM serves trained policies (BRIDGE_POLICY_ADAPTER_SERVING): merged runs them at "
                         "the base model's speed on CPU, LoRA there is several times slower.")  # fmt: skip
@@ -202,8 +204,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--questions-per-round", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--policy-steps", type=int, default=1, help="Optimizer steps on the policy per round.")
-    parser.add_argument("--policy-lr", type=float, default=1e-4, help="Adam step size for the policy's LoRA.")
     args = parser.parse_args()
     args.command = setup_run(parser, args, "experiments.learning")
     from services.cli.ingest import ingest_file

@@ -112,7 +112,8 @@ def main() -> None:
     config = RunConfig(run_id=f"live-{args.algo}-s{args.seed}-{int(time.time())}", source="live",
                        dataset=args.train_dataset, rounds=args.rounds, live_batch=args.live_batch,
                        max_turns=args.max_turns,
-                       algo=AlgoConfig(algo=args.algo, seed=args.seed, policy_rollouts="reweighted"))  # fmt: skip
+                       algo=AlgoConfig(algo=args.algo, seed=args.seed, policy_rollouts="reweighted",
+                                       policy_steps=args.policy_steps, policy_lr=args.policy_lr))  # fmt: skip
     live_started = time.time()
     with stack(args.serve_temperature, "sample", split_cores=True) as live:
         stop = threading.Event()
