@@ -47,16 +47,20 @@ def evaluate(stack, items, max_turns: int) -> list[ItemResult]:
                                 max_turns=max_turns, top_k=3))  # fmt: skip
 
 
-def train(stack, args, algo: str) -> str:
+def run_config(args: argparse.Namespace, algo: str):
+    """The run every algorithm gets from the same flags (same questions, seed and update size)."""
     from services.trainer.algo.config import AlgoConfig
     from services.trainer.run_state import RunConfig
 
-    config = RunConfig(run_id=f"learn-{algo}-s{args.seed}-{int(time.time())}", dataset=args.train_dataset,
+    return RunConfig(run_id=f"learn-{algo}-s{args.seed}-{int(time.time())}", dataset=args.train_dataset,
                        rounds=args.rounds, questions_per_round=args.questions_per_round, max_turns=args.max_turns,
                        reward=args.reward,
                        algo=AlgoConfig(algo=algo, group_size=args.group_size, seed=args.seed,
                                        policy_steps=args.policy_steps, policy_lr=args.policy_lr))  # fmt: skip
-    return run_rounds(stack, config)
+
+
+def train(stack, args: argparse.Namespace, algo: str) -> str:
+    return run_rounds(stack, run_config(args, algo))
 
 
 def round_rewards(runs_dir: Path, run_id: str) -> list[list[float]]:
@@ -195,7 +199,7 @@ def setup_run(parser: argparse.ArgumentParser, args: argparse.Namespace, module:
     return f"python -m {module} " + shlex.join(sys.argv[1:])
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(parser, out=Path("docs/results/learning"), port_base=8300)
     parser.add_argument("--algos", nargs="+", choices=ALGOS, default=["search-r1", "bridge"])
@@ -204,6 +208,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--questions-per-round", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     args.command = setup_run(parser, args, "experiments.learning")
     from services.cli.ingest import ingest_file

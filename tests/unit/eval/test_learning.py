@@ -32,3 +32,16 @@ def test_reward_signal_counts_only_groups_whose_rewards_differ():
     signal = group_signal({"q1": [0.0, 0.0, 0.0, 0.0], "q2": [1.0, 0.0, 0.0, 0.0], "q3": [0.2, 0.2, 0.2, 0.2]})
     assert signal["groups"] == 3 and signal["informative_groups"] == 1
     assert abs(signal["mean_reward"] - (1.0 + 0.8) / 12) < 1e-9
+
+
+def test_update_size_flags_reach_every_algorithms_run_config():
+    from experiments.learning import build_parser, run_config
+
+    args = build_parser().parse_args(["--data-dir", "d", "--qa-dir", "q", "--policy-steps", "3", "--policy-lr",
+                                      "5e-4", "--rounds", "7", "--reward", "em-format"])  # fmt: skip
+    for algo in ("search-r1", "bridge"):
+        config = run_config(args, algo)
+        assert (config.algo.algo, config.algo.policy_steps, config.algo.policy_lr) == (algo, 3, 5e-4)
+        assert (config.rounds, config.reward, config.dataset) == (7, "em-format", "nq")
+    defaults = run_config(build_parser().parse_args(["--data-dir", "d", "--qa-dir", "q"]), "bridge")
+    assert (defaults.algo.policy_steps, defaults.algo.policy_lr) == (1, 1e-4)  # the paper's single step
