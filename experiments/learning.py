@@ -35,6 +35,8 @@ from services.eval.datasets import GROUP_OF, load_items
 from services.eval.scoring import ItemResult
 from services.eval.split import EVAL_SPLIT
 from services.eval.stats import bootstrap_mean_diff, sign_test
+from services.trainer.algo.config import AlgoConfig
+from services.trainer.run_state import RunConfig
 
 ALGOS = ("search-r1", "bridge", "alt-rp", "alt-pr", "joint", "retriever-only")
 METRICS = ("em", "f1", "recall")
@@ -47,16 +49,17 @@ def evaluate(stack, items, max_turns: int) -> list[ItemResult]:
                                 max_turns=max_turns, top_k=3))  # fmt: skip
 
 
-def run_config(args: argparse.Namespace, algo: str):
-    """The run every algorithm gets from the same flags (same questions, seed and update size)."""
-    from services.trainer.algo.config import AlgoConfig
-    from services.trainer.run_state import RunConfig
+def algo_config(args: argparse.Namespace, algo: str, **fields) -> AlgoConfig:
+    """`algo` with what every learning experiment sets from its shared run options (`add_run_args`): the seed
+    and the policy's update size; `fields` are the experiment's own."""
+    return AlgoConfig(algo=algo, seed=args.seed, policy_steps=args.policy_steps, policy_lr=args.policy_lr, **fields)
 
+
+def run_config(args: argparse.Namespace, algo: str) -> RunConfig:
+    """The run every algorithm gets from the same flags (same questions, seed and update size)."""
     return RunConfig(run_id=f"learn-{algo}-s{args.seed}-{int(time.time())}", dataset=args.train_dataset,
-                       rounds=args.rounds, questions_per_round=args.questions_per_round, max_turns=args.max_turns,
-                       reward=args.reward,
-                       algo=AlgoConfig(algo=algo, group_size=args.group_size, seed=args.seed,
-                                       policy_steps=args.policy_steps, policy_lr=args.policy_lr))  # fmt: skip
+                     rounds=args.rounds, questions_per_round=args.questions_per_round, max_turns=args.max_turns,
+                     reward=args.reward, algo=algo_config(args, algo, group_size=args.group_size))  # fmt: skip
 
 
 def train(stack, args: argparse.Namespace, algo: str) -> str:

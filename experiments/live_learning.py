@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from experiments.learning import add_run_args, compare, evaluate, round_rewards, setup_run
+from experiments.learning import add_run_args, algo_config, compare, evaluate, round_rewards, setup_run
 from services.common.checkpoints import write_json_atomic
 from services.common.hardware import parse_cpu_list
 from services.eval.datasets import load_items
@@ -78,7 +78,6 @@ def main() -> None:
     from services.cli.launcher import Stack
     from services.cli.prepare import prepare_all
     from services.common.settings import CommonSettings
-    from services.trainer.algo.config import AlgoConfig
     from services.trainer.run_state import RunConfig
 
     settings = CommonSettings()
@@ -112,8 +111,7 @@ def main() -> None:
     config = RunConfig(run_id=f"live-{args.algo}-s{args.seed}-{int(time.time())}", source="live",
                        dataset=args.train_dataset, rounds=args.rounds, live_batch=args.live_batch,
                        max_turns=args.max_turns,
-                       algo=AlgoConfig(algo=args.algo, seed=args.seed, policy_rollouts="reweighted",
-                                       policy_steps=args.policy_steps, policy_lr=args.policy_lr))  # fmt: skip
+                       algo=algo_config(args, args.algo, policy_rollouts="reweighted"))  # fmt: skip
     live_started = time.time()
     with stack(args.serve_temperature, "sample", split_cores=True) as live:
         stop = threading.Event()
