@@ -29,8 +29,15 @@ class PolicySettings(CommonSettings):
     vllm_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM --gpu-memory-utilization (on CPU: a RAM share, not the fixed KV size)."
     )
-    vllm_cpu_kv_cache_gib: float = Field(
-        1.0, gt=0, le=512, description="On CPU: the KV cache size in GiB (1 GiB holds ~45k SmolLM2-135M tokens)."
+    vllm_cpu_kv_cache_tokens: int = Field(
+        65_536,
+        ge=1024,
+        le=16_777_216,
+        description="On CPU: the KV cache, in tokens of the served model (sized from its config.json at the served "
+        "dtype, so fp32 gets the room bf16 gets): 32 agent contexts of 2k tokens.",
+    )
+    vllm_cpu_kv_cache_gib: float | None = Field(
+        None, gt=0, le=512, description="On CPU: a fixed KV cache size in GiB instead of vllm_cpu_kv_cache_tokens."
     )
     vllm_startup_timeout_s: float = Field(900, ge=10)
     max_model_len: int = Field(4096, ge=256)

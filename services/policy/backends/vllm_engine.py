@@ -19,6 +19,23 @@ from services.policy.backends.engine import BASE_ADAPTER, Engine, EngineError, G
 from services.policy.settings import PolicySettings
 
 
+def kv_bytes_per_token(model_dir: str | Path, dtype: str) -> int:
+    """K and V of every layer's KV heads for one token, from the model's config.json."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    text = config.get("text_config", config)  # multimodal configs nest the language model's
+    kv_heads = text.get("num_key_value_heads") or text["num_attention_heads"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    return 2 * text["num_hidden_layers"] * kv_heads * head_dim * (4 if dtype == "float32" else 2)
+
+
+def cpu_kv_cache_bytes(settings: PolicySettings, dtype: str) -> int:
+    """The CPU KV cache: a fixed GiB where set, else room for `vllm_cpu_kv_cache_tokens` tokens at `dtype` (a fixed
+    GiB holds half the tokens in fp32, which made 32 agent contexts thrash on an AVX2-only CPU: docs/performance.md)."""
+    if settings.vllm_cpu_kv_cache_gib is not None:
+        return int(settings.vllm_cpu_kv_cache_gib * 2**30)
+    return settings.vllm_cpu_kv_cache_tokens * kv_bytes_per_token(settings.resolved_model_dir, dtype)
+
+
 class VLLMEngine(Engine):
     def __init__(self, settings: PolicySettings) -> None:
         self.settings = settings
@@ -69,7 +86,7 @@ class VLLMEngine(Engine):
         # 11 of its 24 GB on node 0). A fixed size means the same everywhere.
         share = self.settings.vllm_memory_utilization
         memory = (["--gpu-memory-utilization", str(share)] if share is not None
-                  else ["--kv-cache-memory-bytes", str(int(self.settings.vllm_cpu_kv_cache_gib * 2**30))])  # fmt: skip
+                  else ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(self.settings, self._dtype()))])  # fmt: skip
         # vllm-cpu 0.32 kills the engine when a seeded request's prefill is chunked ("CPU Generator does not
         # use offset"); rollouts are seeded, so prefill whole prompts.
         batched = max(8192, self.settings.max_model_len)
