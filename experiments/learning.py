@@ -59,7 +59,8 @@ def run_config(args: argparse.Namespace, algo: str) -> RunConfig:
     """The run every algorithm gets from the same flags (same questions, seed and update size)."""
     return RunConfig(run_id=f"learn-{algo}-s{args.seed}-{int(time.time())}", dataset=args.train_dataset,
                      rounds=args.rounds, questions_per_round=args.questions_per_round, max_turns=args.max_turns,
-                     reward=args.reward, algo=algo_config(args, algo, group_size=args.group_size))  # fmt: skip
+                     reward=args.reward,
+                     algo=algo_config(args, algo, group_size=args.group_size, gamma=args.gamma))  # fmt: skip
 
 
 def train(stack, args: argparse.Namespace, algo: str) -> str:
@@ -123,12 +124,14 @@ def plot_rewards(out: Path, rewards: dict[str, list[list[float]]]) -> Path:
 
 def report(args, elapsed: float, start: list[ItemResult], runs: dict[str, dict]) -> str:
     datasets = args.eval_datasets
+    schedule = f"held at {args.gamma:g}" if args.gamma else "on its schedule (bridge) or fixed (the others)"
     lines = [f"# Learning runs from the warm start ({elapsed / 60:.1f} min wall)", "",
              f"`{args.command}`", "",
              f"Training: {args.rounds} rounds x {args.questions_per_round} questions x G {args.group_size} on the "
              f"training pool of {args.train_dataset} (after its first {EVAL_SPLIT}), max {args.max_turns} searches, "
              f"reward {args.reward}, policy {args.policy_steps} step(s) a round at lr {args.policy_lr:g}, "
-             f"seed {args.seed}; trained policies served {args.adapter_serving}. "
+             f"seed {args.seed}; lambda {schedule}; "
+             f"trained policies served {args.adapter_serving}. "
              f"Evaluation: the first {args.eval_questions} questions of "
              f"{', '.join(datasets)}, agent mode, greedy, top-3.", "",
              "## Training reward", "",
@@ -211,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--questions-per-round", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--gamma", type=float, default=None,
+                        help="Hold lambda at this value (AlgoConfig.gamma) instead of bridge's growing schedule; "
+                        "--gamma 1 makes bridge's update alt-rp's.")  # fmt: skip
     return parser
 
 
