@@ -15,7 +15,14 @@ from services.trainer.plan import Phase
 from services.trainer.rollout import (
     group_name,
 )
-from services.trainer.round_files import OPTIMIZER_DIR, PUBLISHED_RETRIEVER, TRAINED, redis_client, round_dir
+from services.trainer.round_files import (
+    OPTIMIZER_DIR,
+    PUBLISHED_RETRIEVER,
+    TRAINED,
+    redis_client,
+    round_dir,
+    source_stream,
+)
 from services.trainer.run_state import Published, RunState, append_metrics
 from services.trainer.settings import TrainerSettings
 
@@ -61,7 +68,9 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
         state.policy_adapter = str(settings.checkpoint_root / trained["policy"])
     r = redis_client(settings)
     if trained["entry_ids"]:
-        r.xack(settings.trajectory_stream, group_name(run_id), *trained["entry_ids"])
+        # On the stream they came from: a live round's stay pending on the feedback stream otherwise, and the
+        # next round claims the same trajectories again.
+        r.xack(source_stream(settings, state.config), group_name(run_id), *trained["entry_ids"])
     stats = trained["stats"]
     fresh = {f"fresh/{k}": v for k, v in trained.get("fresh_metrics", {}).items()}
     requested_at = {name: json.loads(path.read_text())["requested_at"]

@@ -23,17 +23,21 @@ def redis_client(settings: TrainerSettings) -> redis.Redis:
     return redis.Redis.from_url(settings.resolved_redis_url, decode_responses=True)
 
 
+def source_stream(settings: TrainerSettings, config: RunConfig) -> str:
+    """The stream a run's trajectories come from, and are acknowledged on once published: served trajectories with
+    feedback for a live run, the run's own rollouts otherwise."""
+    return settings.feedback_stream if config.source == "live" else settings.trajectory_stream
+
+
 def start_run(settings: TrainerSettings, config: RunConfig) -> RunState:
     folder = settings.runs_dir / config.run_id
     if RunState.path(settings.runs_dir, config.run_id).exists():
         return RunState.load(settings.runs_dir, config.run_id)
     folder.mkdir(parents=True, exist_ok=True)
     r = redis_client(settings)
-    if config.source == "live":
-        ensure_group(r, settings.feedback_stream, config.run_id)
-    else:
+    if config.source != "live":
         settings.training_questions(config.dataset)  # fail now, not in a worker, when there are none
-        ensure_group(r, settings.trajectory_stream, config.run_id)
+    ensure_group(r, source_stream(settings, config), config.run_id)
     state = RunState(config=config, lam=config.algo.initial_lambda)
     (folder / "config.toml").write_text(to_toml(config))
     if config.source == "live":  # served trajectories come from whatever policy is live now

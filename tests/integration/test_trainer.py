@@ -107,6 +107,8 @@ def test_two_bridge_rounds_publish_retriever_then_policy(stack):
 
 
 def test_live_learning_from_feedback(stack):
+    import redis
+
     policy = stack["policy"]
     train(stack, "--source", "live", "--live-batch", "4", "--rounds", "1", "--run-id", "it-live", "--no-wait")
     questions = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_train.jsonl").open()][:4]
@@ -127,6 +129,9 @@ def test_live_learning_from_feedback(stack):
     [row] = metrics(stack, "it-live")
     assert row["reward/mean"] == pytest.approx(0.5) and row["weights/mean"] > 0 and row["tis/mean"] > 0
     assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == "it-live-r0-policy"
+    # Published, so acknowledged on the feedback stream they came from: pending ones would be the next round's again.
+    r = redis.Redis.from_url(stack["env"]["REDIS_URL"], decode_responses=True)
+    assert r.xpending(stack["env"]["BRIDGE_TRAINER_FEEDBACK_STREAM"], "trainer:it-live")["pending"] == 0
 
 
 def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(stack):
