@@ -20,7 +20,7 @@ from services.trainer.rollout import (
     take_from_stream,
     take_live,
 )
-from services.trainer.round_files import PUBLISHED_RETRIEVER, redis_client, rollouts_file, round_dir
+from services.trainer.round_files import PUBLISHED_RETRIEVER, redis_client, rollouts_file, round_dir, source_stream
 from services.trainer.run_state import RunState
 from services.trainer.settings import TrainerSettings
 
@@ -75,8 +75,8 @@ def fresh_versions(state: RunState) -> set[str]:
 
 def collect_live(settings: TrainerSettings, state: RunState, round_index: int, out) -> str:
     run_id = state.config.run_id
-    entries, dropped = take_live(redis_client(settings), settings.feedback_stream, run_id, state.config.live_batch,
-                                 fresh_versions(state))  # fmt: skip
+    stream = source_stream(settings, state.config)  # where publish acknowledges them
+    entries, dropped = take_live(redis_client(settings), stream, run_id, state.config.live_batch, fresh_versions(state))
     if dropped:
         log.info("run %s: dropped %d stale or unrewarded live trajectories", run_id, dropped)
     if len(entries) < state.config.live_batch:
