@@ -35,8 +35,9 @@ from services.eval.stats import bootstrap_mean_diff
 
 
 def serve_users(url: str, rows: list[dict], max_turns: int, reward: str, stop: threading.Event, counts: Counter,
-                seed: int):  # fmt: skip
-    """One client: ask training-pool questions in a shuffled loop, reward each answer with its gold answers."""
+                served: dict[str, list[float]], seed: int):  # fmt: skip
+    """One client: ask training-pool questions in a shuffled loop, reward each answer with its gold answers.
+    `served[version]` gets each reward: the online learning curve, by the policy version that answered."""
     order = random.Random(seed)
     with httpx.Client(base_url=url, timeout=900) as http:
         while not stop.is_set():
@@ -48,12 +49,14 @@ def serve_users(url: str, rows: list[dict], max_turns: int, reward: str, stop: t
                     counts[f"failed {response.status_code}"] += 1
                     continue
                 counts["served"] += 1
-                counts[f"version {response.json()['policy_version']}"] += 1
+                version = response.json()["policy_version"]
+                counts[f"version {version}"] += 1
                 feedback = {"trajectory_id": response.json()["trajectory_id"], "golden_answers": row["golden_answers"],
                             "reward_kind": reward}  # fmt: skip
-                counts[
-                    "feedback ok" if http.post("/v1/feedback", json=feedback).status_code == 200 else "feedback failed"
-                ] += 1
+                scored = http.post("/v1/feedback", json=feedback)
+                counts["feedback ok" if scored.status_code == 200 else "feedback failed"] += 1
+                if scored.status_code == 200:
+                    served.setdefault(version, []).append(scored.json()["reward"])
             except httpx.HTTPError as exc:
                 counts["failed"] += 1
                 counts[f"failed {type(exc).__name__}"] += 1
@@ -108,6 +111,7 @@ def main() -> None:
     print(f"start: EM {sum(r.em for r in start) / len(start):.3f} ({len(start)} questions)", flush=True)
 
     counts: Counter = Counter()
+    served: dict[str, list[float]] = {}  # insertion order: the order versions went live
     config = RunConfig(run_id=f"live-{args.algo}-s{args.seed}-{int(time.time())}", source="live",
                        dataset=args.train_dataset, rounds=args.rounds, live_batch=args.live_batch,
                        max_turns=args.max_turns,
@@ -115,7 +119,7 @@ def main() -> None:
     live_started = time.time()
     with stack(args.serve_temperature, "sample", split_cores=True) as live:
         stop = threading.Event()
-        user_args = (live.policy_url, pool, args.max_turns, args.reward, stop, counts)
+        user_args = (live.policy_url, pool, args.max_turns, args.reward, stop, counts, served)
         users = [threading.Thread(target=serve_users, args=(*user_args, args.seed + i), daemon=True)
                  for i in range(args.clients)]  # fmt: skip
         for user in users:
@@ -135,15 +139,27 @@ def main() -> None:
     rewards = round_rewards(settings.data_dir / "runs", config.run_id)
     half = max(1, len(rewards) // 2)
     first, last = [x for r in rewards[:half] for x in r], [x for r in rewards[-half:] for x in r]
+    versions = [v for v, r in served.items() if len(r) >= 30]  # enough answers for a mean worth printing
     result = {"command": command, "elapsed_s": time.time() - started, "live_s": live_s, "run_id": config.run_id,
               "reward_kind": args.reward, "trainer_cpus": args.trainer_cpus,
-              "requests": dict(counts), "rewards": rewards,
+              "requests": dict(counts), "rewards": rewards, "served_rewards": served,
+              "trained_on": trained_on(settings.data_dir / "runs", config.run_id),
+              "served_diff": bootstrap_mean_diff(served[versions[0]], served[versions[-1]], seed=args.seed).model_dump()
+              if len(versions) > 1 else None,
               "reward_diff": bootstrap_mean_diff(first, last, seed=args.seed).model_dump() if rewards else None,
               "vs_start": compare(start, after, args.eval_datasets),
               "start": [r.model_dump() for r in start], "after": [r.model_dump() for r in after]}  # fmt: skip
     write_json_atomic(args.out / "results.json", result)
     (args.out / "results.md").write_text(report(result, args))
     print((args.out / "results.md").read_text())
+
+
+def trained_on(runs_dir: Path, run_id: str) -> list[dict[str, int]]:
+    """Per round, how many of its trajectories each policy version served (how stale the round's data was)."""
+    from services.trainer.rollout import load_round_rollouts
+
+    rounds = sorted((runs_dir / run_id).glob("round-*/rollouts.json"))
+    return [dict(Counter(r.policy_version for r in load_round_rollouts(path)[1])) for path in rounds]
 
 
 def report(result: dict, args) -> str:
@@ -160,7 +176,16 @@ def report(result: dict, args) -> str:
              + ", ".join(f"{k.removeprefix('version ')} {v}" for k, v in sorted(counts.items())
                          if k.startswith("version ")), ""]  # fmt: skip
     means = [sum(r) / len(r) for r in result["rewards"] if r]
-    lines.append("Reward per round: " + ", ".join(f"{m:.3f}" for m in means))
+    lines.append("Reward per round (what each round trained on): " + ", ".join(f"{m:.3f}" for m in means))
+    lines.append("Served by (per round): " + "; ".join(", ".join(f"{v} {n}" for v, n in r.items())
+                                                     for r in result["trained_on"]))  # fmt: skip
+    lines += ["", "Served reward by the policy version that answered (the online learning curve):", "",
+              "| version | answers rewarded | mean reward |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {v} | {len(r)} | {sum(r) / len(r):.3f} |" for v, r in result["served_rewards"].items() if r]
+    if result["served_diff"]:
+        d = result["served_diff"]
+        lines.append(f"\nLast version (30+ answers) minus the first: {d['diff']:+.3f} "
+                     f"[{d['low']:+.3f}, {d['high']:+.3f}] (bootstrap 95 %)")  # fmt: skip
     if result["reward_diff"]:
         d = result["reward_diff"]
         lines.append(f"Second half minus first half of the rounds: {d['diff']:+.3f} "

@@ -1,7 +1,8 @@
 """The baseline: a retrieval server of Search-R1's kind (`search_r1/search/retrieval_server.py`).
 
-A plain FastAPI endpoint that encodes the batch with the same encoder and does exact inner-product search
-over an in-memory matrix with numpy, one request at a time through FastAPI's thread pool.
+A plain FastAPI endpoint that encodes the request's queries as one padded batch with the same encoder weights (as
+Search-R1's `Encoder.encode` does: `padding=True` over the batch) and does exact inner-product search over an
+in-memory matrix with numpy, one request at a time through FastAPI's thread pool.
 Run: python -m bench.baselines.search_r1_server EMBEDDINGS.npy IDS.json ENCODER_DIR PORT DTYPE
 """
 
@@ -11,6 +12,7 @@ import json
 import sys
 
 import numpy as np
+import torch
 import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
@@ -37,7 +39,8 @@ def main() -> None:
 
     @app.post("/retrieve")
     def retrieve(request: QueryRequest) -> dict:
-        vectors = encoder.encode(request.queries, batch_size=len(request.queries))
+        with torch.inference_mode():
+            vectors = encoder.forward(request.queries).float().numpy()
         scores = vectors @ matrix.T  # (Q, N)
         top = np.argpartition(-scores, request.topk, axis=1)[:, : request.topk]
         result = []

@@ -46,20 +46,29 @@ class SentenceEncoder(torch.nn.Module):
         )
 
     def forward(self, texts: Sequence[str]) -> torch.Tensor:
-        batch = self.tokenize(texts)
+        return self.embed(self.tokenize(texts))
+
+    def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, H) unit vectors of a tokenized, padded batch."""
         out = self.model(**batch)
         pooled = mean_pool(out.last_hidden_state, batch["attention_mask"])  # (B, H)
         return torch.nn.functional.normalize(pooled, dim=-1)
 
     def encode(self, texts: Sequence[str], batch_size: int = 16) -> np.ndarray:
-        """(N, H) float32 unit vectors. Texts are length-sorted so each batch pads to similar lengths."""
+        """(N, H) float32 unit vectors. Tokenized once, sorted by token count and cut into forwards that each pad
+        little (`padded_chunks`): a server's micro-batch mixes short and long queries, and one long query would
+        otherwise pad every other to its length."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        tokens = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)
+        lengths = [len(ids) for ids in tokens["input_ids"]]
+        order = sorted(range(len(texts)), key=lengths.__getitem__)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         with torch.inference_mode():
-            for chunk in _chunks(order, batch_size):
-                out[chunk] = self.forward([texts[i] for i in chunk]).float().numpy()
+            for chunk in padded_chunks([lengths[i] for i in order], batch_size):
+                rows = [order[i] for i in chunk]
+                batch = self.tokenizer.pad({k: [v[i] for i in rows] for k, v in tokens.items()}, return_tensors="pt")
+                out[rows] = self.embed(batch).float().numpy()
         return out
 
     def save_weights(self, path: Path) -> None:
@@ -81,6 +90,21 @@ class SentenceEncoder(torch.nn.Module):
         self.model.eval()
 
 
-def _chunks(items: list[int], size: int) -> Iterator[list[int]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+# What one more forward costs, in padded token rows: on 2 cores a forward of one short query takes ~5 ms and each
+# further token row ~0.08 ms (bf16 and fp32 alike, services/modeling; measured for docs/performance.md).
+FORWARD_COST_TOKENS = 48
+
+
+def padded_chunks(
+    sorted_lengths: Sequence[int], batch_size: int, forward_cost: int = FORWARD_COST_TOKENS
+) -> Iterator[list[int]]:
+    """Positions of ascending `sorted_lengths` cut into runs of at most `batch_size`; a run ends where taking the
+    next item would add more padding to the run (its rows times the length step) than a forward of its own costs."""
+    chunk: list[int] = []
+    for position, length in enumerate(sorted_lengths):
+        if chunk and (len(chunk) >= batch_size or len(chunk) * (length - sorted_lengths[chunk[-1]]) > forward_cost):
+            yield chunk
+            chunk = []
+        chunk.append(position)
+    if chunk:
+        yield chunk

@@ -67,10 +67,11 @@ def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
     return "ready"
 
 
-def fresh_versions(state: RunState) -> set[str]:
-    """The policy versions a live trajectory may come from: the newest `max_staleness + 1` of this run."""
+def fresh_versions(state: RunState) -> list[str]:
+    """The policy versions a live trajectory may come from, oldest first: the newest `max_staleness + 1` of this
+    run."""
     versions = [state.initial_policy_version] + [p.policy_version for p in state.published if p.policy_version]
-    return set(versions[-(state.config.max_staleness + 1) :])
+    return list(dict.fromkeys(versions))[-(state.config.max_staleness + 1) :]
 
 
 def collect_live(settings: TrainerSettings, state: RunState, round_index: int, out) -> str:

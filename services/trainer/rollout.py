@@ -21,6 +21,12 @@ def group_name(run_id: str) -> str:
     return f"trainer:{run_id}"
 
 
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") as a sortable key: its arrival order."""
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
 def ensure_group(r: redis.Redis, stream: str, run_id: str) -> None:
     try:
         r.xgroup_create(stream, group_name(run_id), id="$", mkstream=True)
@@ -112,7 +118,7 @@ def complete_groups(
     """Split recovered entries into (a full set of groups, or [] when some rollout is missing; the entry ids
     left over). One entry per (item, group index), the newest, so a re-sent request never doubles a group."""
     newest: dict[tuple[str, int], tuple[str, TrajectoryRecord]] = {}
-    for entry_id, record in sorted(entries, key=lambda e: tuple(int(x) for x in e[0].split("-"))):
+    for entry_id, record in sorted(entries, key=lambda e: entry_order(e[0])):
         newest[(record.item_id or "", record.group_index or 0)] = (entry_id, record)
     wanted = {(str(i["id"]), g) for i in items for g in range(group_size)}
     if not wanted <= set(newest):
@@ -132,12 +138,17 @@ def load_round_rollouts(path: Path) -> tuple[list[str], list[TrajectoryRecord]]:
 
 
 def take_live(
-    r: redis.Redis, stream: str, run_id: str, want: int, fresh_versions: set[str]
+    r: redis.Redis, stream: str, run_id: str, want: int, fresh_versions: list[str]
 ) -> tuple[list[tuple[str, TrajectoryRecord]], int]:
-    """Up to `want` rewarded trajectories from the feedback stream, oldest first; stale ones (a policy
-    version outside `fresh_versions`) are acknowledged and dropped. Returns (entries, dropped)."""
+    """Up to `want` rewarded trajectories from the feedback stream, freshest first: the newest policy version's,
+    then the one before it, newest entries first within a version. Served traffic outpaces a CPU trainer by an
+    order of magnitude, and oldest-first trained every round on the backlog its first policy had served (a live
+    run of three rounds learned from `base` only). Stale ones (a policy version outside `fresh_versions`, given
+    oldest to newest) are acknowledged and dropped; fresh ones not taken stay pending for a later round.
+    Returns (entries in arrival order, dropped)."""
     group, consumer = group_name(run_id), "worker"
-    taken: list[tuple[str, TrajectoryRecord]] = []
+    rank = {version: position for position, version in enumerate(fresh_versions)}
+    fresh: dict[str, TrajectoryRecord] = {}
     dropped = 0
 
     def consider(entries) -> None:
@@ -146,20 +157,20 @@ def take_live(
             if not fields:
                 continue
             record = TrajectoryRecord.model_validate_json(fields["data"])
-            if record.reward is None or record.policy_version not in fresh_versions:
+            if record.reward is None or record.policy_version not in rank:
                 r.xack(stream, group, entry_id)
                 dropped += 1
-            elif len(taken) < want and entry_id not in {e for e, _ in taken}:
-                taken.append((entry_id, record))
+            else:
+                fresh[entry_id] = record
 
     cursor = "0-0"
-    while True:
+    while True:  # what earlier rounds saw and left pending
         cursor, claimed, *_ = r.xautoclaim(stream, group, consumer, min_idle_time=0, start_id=cursor, count=500)
         consider(claimed)
         if cursor in ("0-0", b"0-0"):
             break
-    if len(taken) < want:
-        response = r.xreadgroup(group, consumer, {stream: ">"}, count=want - len(taken), block=100)
-        for _, entries in response or []:
+    while response := r.xreadgroup(group, consumer, {stream: ">"}, count=500):  # and everything new
+        for _, entries in response:
             consider(entries)
-    return taken, dropped
+    freshest = sorted(fresh, key=lambda e: (rank[fresh[e].policy_version], entry_order(e)), reverse=True)[:want]
+    return [(e, fresh[e]) for e in sorted(freshest, key=entry_order)], dropped

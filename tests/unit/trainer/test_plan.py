@@ -116,3 +116,40 @@ def test_a_retried_collection_recovers_its_entries_and_leaves_the_rounds_other_c
         assert r.xpending(stream, group_name(run))["pending"] == 2
     finally:
         r.delete(stream)
+
+
+def test_live_rounds_take_the_freshest_trajectories_and_drop_the_stale():
+    """Real Redis: traffic outpaces the trainer, so a live round takes the newest policy version's rewarded
+    entries first (newest first within a version), leaves the fresh rest pending, and acknowledges what is stale
+    or unrewarded."""
+    import os
+    import uuid
+
+    import redis
+
+    from services.trainer.rollout import ensure_group, group_name, take_live
+
+    r = redis.Redis.from_url(os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), decode_responses=True)
+    stream, run = f"test:feedback:{uuid.uuid4().hex}", "run"
+    try:
+        ensure_group(r, stream, run)
+
+        def add(trajectory_id: str, version: str, reward: float | None = 1.0) -> str:
+            rec = record(trajectory_id, "q1", 0).model_copy(update={"policy_version": version, "reward": reward})
+            return r.xadd(stream, {"data": rec.model_dump_json()})
+
+        for n in range(4):
+            add(f"old{n}", "v0")  # two versions behind: stale once v2 is the newest fresh one
+        for n in range(3):
+            add(f"v1-{n}", "v1")
+        add("v2-0", "v2")
+        add("v2-unrewarded", "v2", reward=None)
+        add("v2-1", "v2")
+        taken, dropped = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
+        assert [rec.id for _, rec in taken] == ["v1-2", "v2-0", "v2-1"]  # arrival order among the chosen
+        assert dropped == 5  # four of v0 and the unrewarded one, acknowledged
+        assert r.xpending(stream, group_name(run))["pending"] == 5  # the three taken and v1-0, v1-1 for later
+        taken, dropped = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
+        assert [rec.id for _, rec in taken] == ["v1-2", "v2-0", "v2-1"] and dropped == 0  # a retry takes the same
+    finally:
+        r.delete(stream)
