@@ -31,6 +31,7 @@ from pathlib import Path
 
 from experiments.compare_algos import reset_to_base, run_rounds
 from services.common.checkpoints import write_json_atomic
+from services.common.schemas.policy import TrajectoryRecord
 from services.eval.datasets import GROUP_OF, load_items
 from services.eval.scoring import ItemResult
 from services.eval.split import EVAL_SPLIT
@@ -67,12 +68,17 @@ def train(stack, args: argparse.Namespace, algo: str) -> str:
     return run_rounds(stack, run_config(args, algo))
 
 
-def round_rewards(runs_dir: Path, run_id: str) -> list[list[float]]:
-    """Per round, the reward of every trajectory of its first collection (what each algorithm trains on)."""
+def round_records(runs_dir: Path, run_id: str) -> list[list[TrajectoryRecord]]:
+    """Per round, every trajectory of its first collection (what each algorithm trains on)."""
     from services.trainer.rollout import load_round_rollouts
 
     rounds = sorted((runs_dir / run_id).glob("round-*/rollouts.json"))
-    return [[r.reward or 0.0 for r in load_round_rollouts(path)[1]] for path in rounds]
+    return [load_round_rollouts(path)[1] for path in rounds]
+
+
+def round_rewards(runs_dir: Path, run_id: str) -> list[list[float]]:
+    """Per round, the reward of every trajectory of its first collection."""
+    return [[r.reward or 0.0 for r in records] for records in round_records(runs_dir, run_id)]
 
 
 def per_question(results: list[ItemResult]) -> dict[tuple[str, str], ItemResult]:

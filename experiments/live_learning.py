@@ -26,7 +26,15 @@ from pathlib import Path
 
 import httpx
 
-from experiments.learning import add_run_args, algo_config, compare, evaluate, round_rewards, setup_run
+from experiments.learning import (
+    add_run_args,
+    algo_config,
+    compare,
+    evaluate,
+    round_records,
+    round_rewards,
+    setup_run,
+)
 from services.common.checkpoints import write_json_atomic
 from services.common.hardware import parse_cpu_list
 from services.eval.datasets import load_items
@@ -49,9 +57,10 @@ def serve_users(url: str, rows: list[dict], max_turns: int, reward: str, stop: t
                     counts[f"failed {response.status_code}"] += 1
                     continue
                 counts["served"] += 1
-                version = response.json()["policy_version"]
+                answer = response.json()
+                version = answer["policy_version"]
                 counts[f"version {version}"] += 1
-                feedback = {"trajectory_id": response.json()["trajectory_id"], "golden_answers": row["golden_answers"],
+                feedback = {"trajectory_id": answer["trajectory_id"], "golden_answers": row["golden_answers"],
                             "reward_kind": reward}  # fmt: skip
                 scored = http.post("/v1/feedback", json=feedback)
                 counts["feedback ok" if scored.status_code == 200 else "feedback failed"] += 1
@@ -156,10 +165,7 @@ def main() -> None:
 
 def trained_on(runs_dir: Path, run_id: str) -> list[dict[str, int]]:
     """Per round, how many of its trajectories each policy version served (how stale the round's data was)."""
-    from services.trainer.rollout import load_round_rollouts
-
-    rounds = sorted((runs_dir / run_id).glob("round-*/rollouts.json"))
-    return [dict(Counter(r.policy_version for r in load_round_rollouts(path)[1])) for path in rounds]
+    return [dict(Counter(r.policy_version for r in records)) for records in round_records(runs_dir, run_id)]
 
 
 def report(result: dict, args) -> str:
