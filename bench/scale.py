@@ -8,6 +8,7 @@ search on the same vectors. Encoding the query is not included (one MiniLM forwa
 bench/retriever.py measures the whole service).
 
     python -m bench.scale [--sizes 32000 256000 1000000] [--engines edge client exact] [--client-max 256000]
+    python -m bench.scale --plot docs/results/scale.json docs/results/scale-1m.json   # one plot of saved runs
 
 qdrant-client's local mode (`path=`, no server) keeps points in Python objects and searches them by brute force; it
 ingests ~1k points/s, so it is skipped above `--client-max`. A Qdrant server (`QDRANT_URL`) is what that engine
@@ -78,6 +79,7 @@ def measure(engine: str, n: int, queries: int, seed: int) -> dict:
     probe = queries_near(vectors, queries, seed)
     truth = exact_top10(vectors, probe)
     before, _ = rss_mb()
+    (REPO / ".cache").mkdir(exist_ok=True)  # a fresh clone has none
     folder = Path(tempfile.mkdtemp(prefix=f"scale-{engine}-", dir=REPO / ".cache"))
     started = time.perf_counter()
     if engine == "exact":
@@ -117,6 +119,27 @@ def measure(engine: str, n: int, queries: int, seed: int) -> dict:
     }  # fmt: skip
 
 
+def plot(rows: list[dict], out: Path) -> None:
+    """p50 latency, ingest seconds and resident memory against passages, one line per engine (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("p50_ms", "p50 latency, one query (ms)"), ("ingest_s", "ingest + index build (s)"),
+              ("memory_mb", "resident memory growth (MB)"))  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(13, 3.8))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for engine in ENGINES:
+            points = sorted((r["n"], max(r[key], 1e-2)) for r in rows if r["engine"] == engine)
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=engine)
+        ax.set(xscale="log", yscale="log", xlabel="passages", title=label)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out)
+
+
 def main() -> None:
     parser = script_parser(__doc__, seed=0, out=REPO / "docs" / "results" / "scale.json")
     parser.add_argument("--sizes", type=int, nargs="+", default=[32_000, 256_000, 1_000_000])
@@ -124,7 +147,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300, help="Single-query searches timed per row.")
     parser.add_argument("--client-max", type=int, default=256_000, help="Largest size qdrant-client local mode gets.")
     parser.add_argument("--row", nargs=2, metavar=("ENGINE", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--plot", type=Path, nargs="+", metavar="JSON",
+                        help="Only plot the rows of these saved runs, to the first one's .png.")  # fmt: skip
     args = parser.parse_args()
+    if args.plot:
+        plot([r for f in args.plot for r in json.loads(f.read_text())["rows"]], args.plot[0].with_suffix(".png"))
+        return
     if args.row:
         print(json.dumps(measure(args.row[0], int(args.row[1]), args.queries, args.seed)))
         return
@@ -156,6 +184,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": "python -m bench.scale " + " ".join(sys.argv[1:]), "rows": rows},
                                    indent=1))  # fmt: skip
+    plot(rows, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ ROWS = {  # row -> (algo, estimator, retriever update only)
 }
 
 
-def run_one(row: str, models: Models, batch_file: Path, retriever_params: str) -> dict:
+def run_one(row: str, models: Models, batch_file: Path, retriever_params: str, q_steps: int | None = None) -> dict:
     algo, estimator, retriever_only = ROWS[row]
     torch.manual_seed(0)
     data = json.loads(batch_file.read_text())
@@ -143,7 +143,7 @@ def run_one(row: str, models: Models, batch_file: Path, retriever_params: str) -
     records = [TrajectoryRecord.model_validate(r) for r in data["records"]]
     group = len({r.group_index for r in records})  # the batch file says how many rollouts a question has
     cfg = AlgoConfig(algo="bridge" if algo == "second-order" else algo, estimator=estimator, group_size=group,
-                     retriever_params=retriever_params)  # fmt: skip
+                     retriever_params=retriever_params, **({"q_steps": q_steps} if q_steps else {}))  # fmt: skip
     batch = build_batch(records, cfg, policy.tokenizer, {k: tuple(v) for k, v in data["docs"].items()})
     retriever.doc_vectors(sorted(batch.doc_texts), batch.doc_texts)  # warm the frozen e_d cache
     loaded = current_mb()
@@ -160,7 +160,8 @@ def run_one(row: str, models: Models, batch_file: Path, retriever_params: str) -
         retriever_phase(policy, retriever, batch, cfg, 1.0, RoundOptimizers(cfg))
     else:
         train_round(policy, retriever, batch, cfg, 1.0)
-    return {"row": row, "seconds": time.perf_counter() - started, "peak_mb": rss_mb(), "loaded_mb": loaded}
+    seconds = time.perf_counter() - started
+    return {"row": row, "seconds": seconds, "peak_mb": rss_mb(), "loaded_mb": loaded, "q_samples": len(batch.q_samples)}
 
 
 def main() -> None:
@@ -169,9 +170,10 @@ def main() -> None:
     parser.add_argument("--batch", type=Path, help="Reuse (or create) the batch file here.")
     parser.add_argument("--retriever-params", choices=["full", "lora"], default="full",
                         help="What the retriever trains: the query tower, or a query-side LoRA.")  # fmt: skip
+    parser.add_argument("--q-steps", type=int, help="Q subsample: search steps scored by Q_theta (config default).")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, models_in(args.work), args.batch, args.retriever_params)))
+        print(json.dumps(run_one(args.one, models_in(args.work), args.batch, args.retriever_params, args.q_steps)))
         return
     models = prepare_models(args.work)
     batch_file = args.batch or Path(tempfile.mkdtemp()) / "batch.json"
