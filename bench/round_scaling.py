@@ -78,16 +78,16 @@ def main() -> None:
     parser.add_argument("--q-steps", type=int, nargs="+", default=[2, 8, 16],
                         help="Q subsample sizes for bridge at the largest shape.")  # fmt: skip
     args = parser.parse_args()
-    prepare_models(args.work)
+    models = prepare_models(args.work)
     most_q, most_g = max(q for q, _ in args.shapes), max(g for _, g in args.shapes)
     batches = args.work / "round-scaling"
     batches.mkdir(parents=True, exist_ok=True)
     full_file = batches / f"rollouts-{most_q}x{most_g}.json"
     if not full_file.exists():  # the rollouts are the slow part to build; every shape reads a prefix of them
-        make_batch_file(prepare_models(args.work), full_file, questions=most_q, group=most_g)
+        make_batch_file(models, full_file, questions=most_q, group=most_g)
     full = json.loads(full_file.read_text())
 
-    started, rows = time.perf_counter(), []
+    started, rows, by_shape = time.perf_counter(), [], {}
     print(f"{'kind':6} {'row':10} {'shape':>6} {'traj':>5} {'q_steps':>7} {'Q samples':>9} {'seconds':>8} "
           f"{'peak MB':>8} {'over load MB':>12}", flush=True)  # fmt: skip
 
@@ -97,6 +97,8 @@ def main() -> None:
         r = round_row(row, batch, args.work, q_steps) | {"kind": kind, "shape": f"{q}x{g}", "trajectories": q * g,
                                                          "q_steps": q_steps}  # fmt: skip
         rows.append(r)
+        if kind == "shape":
+            by_shape[(row, q, g)] = r
         over = r["peak_mb"] - r["loaded_mb"]
         print(f"{kind:6} {row:10} {r['shape']:>6} {q * g:>5} {q_steps or '-':>7} {r['q_samples']:>9} "
               f"{r['seconds']:>8.1f} {r['peak_mb']:>8.0f} {over:>12.0f}", flush=True)  # fmt: skip
@@ -107,17 +109,17 @@ def main() -> None:
     default_q = AlgoConfig().q_steps
     for q_steps in args.q_steps:
         if q_steps == default_q and (most_q, most_g) in args.shapes:  # that round already ran as a shape row
-            rows.append(rows[2 * args.shapes.index((most_q, most_g)) + 1] | {"kind": "q", "q_steps": q_steps})
+            rows.append(by_shape[("bridge", most_q, most_g)] | {"kind": "q", "q_steps": q_steps})
             continue
         record("q", "bridge", most_q, most_g, q_steps)
 
     print()
     for q, g in args.shapes:
-        by = {r["row"]: r for r in rows if r["kind"] == "shape" and r["shape"] == f"{q}x{g}"}
-        ratio = by["bridge"]["seconds"] / by["search-r1"]["seconds"]
+        ratio = by_shape[("bridge", q, g)]["seconds"] / by_shape[("search-r1", q, g)]["seconds"]
         print(f"bridge round time ratio bridge/search-r1 at {q}x{g}: {ratio:.2f}x")
-    small, large = (rows[0], rows[1]), (rows[2 * len(args.shapes) - 2], rows[2 * len(args.shapes) - 1])
-    for a, b in zip(small, large, strict=True):
+    first, last = args.shapes[0], args.shapes[-1]
+    for algo in ("search-r1", "bridge"):
+        a, b = by_shape[(algo, *first)], by_shape[(algo, *last)]
         growth = (b["seconds"] / a["seconds"]) / (b["trajectories"] / a["trajectories"])
         print(f"{a['row']} seconds per trajectory, {b['shape']} vs {a['shape']}: {growth:.2f}x")
     q_rows = [r for r in rows if r["kind"] == "q"]
