@@ -257,7 +257,13 @@ def from_service(
     rows = []
     with httpx.Client(base_url=url, timeout=30) as client:
         for r in results:
-            record = TrajectoryRecord.model_validate(client.get(f"/v1/trajectories/{r.trajectory_id}").json())
+            response = client.get(f"/v1/trajectories/{r.trajectory_id}") if r.trajectory_id else None
+            if response is None or response.status_code == 404:  # a failed request logged no trajectory: it counts
+                zero = dict.fromkeys(("answered", "well_formed_search", "second_search", "copies_question"), 0.0)
+                rows.append({"dataset": r.dataset, "id": r.id, "answer": None, "searches": 0, "valid_format": 0.0,
+                             "recall": r.recall, "em": r.em, "f1": r.f1, "queries": [], **zero})  # fmt: skip
+                continue
+            record = TrajectoryRecord.model_validate(response.raise_for_status().json())
             searches = [t.search for t in record.turns if t.search is not None]
             rows.append(
                 {

@@ -178,8 +178,10 @@ def warmstart(
     index_dir: Annotated[
         Path | None, typer.Option(help="Data dir of the in-process retriever index (default <data_dir>/warmstart).")
     ] = None,
-    datasets: Annotated[str, typer.Option(help="Comma-separated datasets.")] = "nq,triviaqa,popqa,hotpotqa,2wiki"
-    "multihopqa",
+    datasets: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated datasets (default: the nine with a training pool, medical ones included)."),
+    ] = None,
     per_dataset: Annotated[int, typer.Option(min=1, help="Training-pool questions per dataset.")] = 160,
     epochs: Annotated[float, typer.Option(min=0.1, help="Passes over the examples.")] = 1.0,
     lr: Annotated[float, typer.Option(help="AdamW learning rate of the LoRA.")] = 4e-4,
@@ -199,7 +201,8 @@ def warmstart(
 
     settings = CommonSettings()
     config = WarmstartConfig(
-        datasets=[d.strip() for d in datasets.split(",") if d.strip()], per_dataset=per_dataset, epochs=epochs,
+        **({"datasets": [d.strip() for d in datasets.split(",") if d.strip()]} if datasets else {}),
+        per_dataset=per_dataset, epochs=epochs,
         lr=lr, lora_rank=rank, lora_alpha=2 * rank, max_minutes=max_minutes, seed=seed,
     )  # fmt: skip
     manifest = run_warmstart(

@@ -24,6 +24,8 @@ import asyncio
 import json
 import math
 import random
+import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -40,7 +42,18 @@ from services.common.schemas.policy import TrajectoryRecord, TurnRecord
 from services.common.schemas.retriever import SearchResponse
 from services.eval.split import EVAL_SPLIT, SplitViolation, training_rows
 
-DEFAULT_DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa")
+# Every dataset with a training pool (musique and bamboogle have none: all their questions are the evaluation split).
+DEFAULT_DATASETS = (
+    "nq",
+    "triviaqa",
+    "popqa",
+    "hotpotqa",
+    "2wikimultihopqa",
+    "pubmedqa",
+    "medqa",
+    "medmcqa",
+    "bioasq",
+)
 MULTI_HOP = frozenset({"hotpotqa", "2wikimultihopqa", "musique"})
 SHIPPED_ADAPTER_DIR = Path(__file__).resolve().parents[1] / "policy" / "warmstart_adapter"
 MANIFEST = "manifest.json"
@@ -51,6 +64,10 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 THINK_SEARCH = "<think> I need to search for this. </think>\n"
 THINK_MORE = "<think> I need more information about {title}. </think>\n"
 THINK_ANSWER = "<think> I found the answer. </think>\n"
+# A search the agent writes must fit one generation turn: copying a 300-token clinical vignette (MedQA) ran past
+# the turn's token cap, so the agent neither searched nor answered. Long questions search by their first sentence.
+QUERY_MAX_WORDS = 32
+OPTIONS_MARK = "\nOptions:"
 
 
 # ---------------------------------------------------------------------------------------------------- questions
@@ -63,6 +80,9 @@ class PoolItem(BaseModel):
     question: str
     golden_answers: list[str] = Field(min_length=1)
     supporting_doc_ids: list[str] = Field(default_factory=list)
+    option_letter: str | None = Field(
+        None, description="The correct option's letter of a multiple-choice question (a gold alias of its own)"
+    )
 
 
 def pool_item(dataset: str, position: int, row: dict[str, Any]) -> PoolItem:
@@ -74,6 +94,7 @@ def pool_item(dataset: str, position: int, row: dict[str, Any]) -> PoolItem:
         question=row["question"],
         golden_answers=[str(a) for a in row["golden_answers"]],
         supporting_doc_ids=[str(d) for d in meta.get("supporting_doc_ids") or []],
+        option_letter=str(meta["answer_idx"]) if meta.get("options") and meta.get("answer_idx") else None,
     )
 
 
@@ -112,6 +133,16 @@ class Shown:
     @property
     def ids(self) -> list[str]:
         return [d[0] for d in self.docs]
+
+
+def search_query(question: str, max_words: int = QUERY_MAX_WORDS) -> str:
+    """The first search's query: the question without its lettered options; one longer than `max_words` words is
+    cut to its first sentence (and that to `max_words` words), so the search fits a generation turn."""
+    stem = question.split(OPTIONS_MARK, 1)[0].strip()
+    if len(stem.split()) <= max_words:
+        return stem
+    first = re.split(r"(?<=[.?!])\s+", stem, maxsplit=1)[0]
+    return " ".join(first.split()[:max_words])
 
 
 def choose_answer(golden_answers: Sequence[str], shown_texts: Iterable[str]) -> str:
@@ -220,7 +251,8 @@ class SFTExample(BaseModel):
 
 def to_example(tokenizer: Any, item: PoolItem, searches: Sequence[Shown]) -> SFTExample:
     shown_texts = [f"{title} {body}" for s in searches for _, title, body in s.docs]
-    answer = choose_answer(item.golden_answers, shown_texts)
+    # A multiple-choice question is answered by its letter: one token, and the form its gold list gives first.
+    answer = item.option_letter or choose_answer(item.golden_answers, shown_texts)
     record = build_record(tokenizer, item, searches, answer)
     norm = normalize_answer(answer)
     shown_ids = {d for s in searches for d in s.ids}
@@ -252,8 +284,9 @@ async def build_examples(
     examples = []
     for start in tqdm(range(0, len(items), batch), desc="build trajectories", unit="batch"):
         chunk = items[start : start + batch]
-        response = await retriever.search([i.question for i in chunk], top_k=top_k, candidates=top_k)
-        firsts = [_shown(i.question, r) for i, r in zip(chunk, response.results, strict=True)]
+        queries = [search_query(i.question) for i in chunk]
+        response = await retriever.search(queries, top_k=top_k, candidates=top_k)
+        firsts = [_shown(q, r) for q, r in zip(queries, response.results, strict=True)]
         passages = retriever.titles([d for i in chunk for d in i.supporting_doc_ids])
         targets = [second_search_target(i, f, passages) for i, f in zip(chunk, firsts, strict=True)]
         wanted = [(n, t) for n, t in enumerate(targets) if t is not None]
@@ -527,9 +560,13 @@ def run_warmstart(
     torch.manual_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
     started = time.monotonic()
+    examples: list[SFTExample] = []
     if examples_cache is not None and examples_cache.exists():
         examples = [SFTExample.model_validate_json(line) for line in examples_cache.open()]
-    else:
+        if {e.dataset for e in examples} != set(config.datasets):  # built for another config: build anew
+            print(f"{examples_cache}: built for other datasets than {config.datasets}; rebuilding", file=sys.stderr)
+            examples = []
+    if not examples:
         examples = asyncio.run(_examples_for(config, qa_dir, open_retriever, corpus, tokenizer))
         if examples_cache is not None:
             examples_cache.parent.mkdir(parents=True, exist_ok=True)

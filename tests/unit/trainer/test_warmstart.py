@@ -21,6 +21,8 @@ from services.trainer.warmstart import (
     build_record,
     choose_answer,
     masked_lm_loss,
+    pool_item,
+    search_query,
     second_search_target,
     select_items,
     to_example,
@@ -92,6 +94,45 @@ def test_second_search_targets_the_missing_passage_that_holds_the_answer():
     shown_both = Shown("q", (("d2", "", ""), ("d3", "", "")))
     assert second_search_target(_item(), shown_both, passages) is None
     assert second_search_target(_item(dataset="nq"), FIRST, passages) is None
+
+
+VIGNETTE = (
+    "A 67-year-old man with transitional cell carcinoma of the bladder comes to the physician because of a 2-day "
+    "history of ringing sensation in his ear. He received this first course of neoadjuvant chemotherapy 1 week ago. "
+    "The expected beneficial effect of the drug is most likely due to which of the following actions?"
+)
+OPTIONS = {"A": "Inhibition of proteasome", "B": "Generation of free radicals", "C": "Cross-linking of DNA"}
+MC_QUESTION = VIGNETTE + "\nOptions:\n" + "\n".join(f"{k}. {v}" for k, v in OPTIONS.items())
+
+
+def test_the_first_query_fits_a_turn_short_questions_are_kept_whole():
+    assert search_query("who sang does he love you with reba") == "who sang does he love you with reba"
+    # lettered options are not searched for; a long stem searches by its first sentence
+    assert search_query("Major determinant of loading dose of a drug is\nOptions:\nA. Half life\nB. Clearance") == (
+        "Major determinant of loading dose of a drug is"
+    )
+    assert search_query(MC_QUESTION) == VIGNETTE.split(". ")[0] + "."
+    # a first sentence longer than the cap is cut to it
+    assert search_query(" ".join(["word"] * 80), max_words=32) == " ".join(["word"] * 32)
+
+
+def test_a_multiple_choice_question_is_answered_by_its_letter(tokenizer):
+    row = {
+        "id": "medqa-1",
+        "question": MC_QUESTION,
+        "golden_answers": ["C", "Cross-linking of DNA"],
+        "metadata": {"options": OPTIONS, "answer_idx": "C"},
+    }
+    item = pool_item("medqa", 150, row)
+    assert item.option_letter == "C"
+    # passages that name the option text (and a stray "c") do not change the target
+    shown = Shown(search_query(item.question), (("p1", "Cisplatin", "Cisplatin acts by cross-linking of DNA."),))
+    example = to_example(tokenizer, item, [shown])
+    assert example.answer == "C" and example.searches == [search_query(MC_QUESTION)]
+    masked = tokenizer.decode([t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m])
+    assert masked.endswith("<answer> C </answer><|im_end|>") and "Options" not in masked
+    # a question without options keeps the alias rule
+    assert pool_item("nq", 150, {"id": "n", "question": "q", "golden_answers": ["x"]}).option_letter is None
 
 
 CORPUS = [
