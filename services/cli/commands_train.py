@@ -188,6 +188,9 @@ def warmstart(
     rank: Annotated[int, typer.Option(min=1, help="LoRA rank (every linear layer).")] = 16,
     max_minutes: Annotated[float | None, typer.Option(help="Stop training after this long (recorded).")] = None,
     seed: Annotated[int, typer.Option(help="Seeds the question draw, the order and the LoRA init.")] = 0,
+    two_search_repeat: Annotated[
+        int, typer.Option(min=1, max=16, help="Times each two-search trajectory is in the training set.")
+    ] = 1,
     out: Annotated[Path | None, typer.Option(help="Adapter folder (default: the shipped one).")] = None,
     examples_cache: Annotated[Path | None, typer.Option(help="Reuse / keep the built trajectories here.")] = None,
 ) -> None:
@@ -204,6 +207,7 @@ def warmstart(
         **({"datasets": [d.strip() for d in datasets.split(",") if d.strip()]} if datasets else {}),
         per_dataset=per_dataset, epochs=epochs,
         lr=lr, lora_rank=rank, lora_alpha=2 * rank, max_minutes=max_minutes, seed=seed,
+        two_search_repeat=two_search_repeat,
     )  # fmt: skip
     manifest = run_warmstart(
         config,

@@ -324,6 +324,9 @@ class WarmstartConfig(BaseModel):
     )
     eval_every: int = Field(50, ge=1, description="Optimizer steps between held-out losses.")
     max_minutes: float | None = Field(None, gt=0, description="Stop training after this long (recorded).")
+    two_search_repeat: int = Field(
+        1, ge=1, le=16, description="Times each two-search trajectory is in the training set (oversampling)."
+    )
     seed: int = 0
 
 
@@ -335,6 +338,12 @@ def select_items(pools: dict[str, list[PoolItem]], config: WarmstartConfig) -> l
         rng.shuffle(pool)
         chosen += pool[: config.per_dataset]
     return chosen
+
+
+def oversample_two_search(train: Sequence[SFTExample], repeat: int) -> list[SFTExample]:
+    """The training set with every trajectory that searches twice `repeat` times in it: only 11 % of the examples
+    teach a second search, and the policy learns that one search is what comes next."""
+    return [*train, *(e for e in train if len(e.searches) > 1 for _ in range(repeat - 1))]
 
 
 def masked_lm_loss(logits: Any, input_ids: Any, loss_mask: Any) -> tuple[Any, Any]:
@@ -580,7 +589,8 @@ def run_warmstart(
     rng = random.Random(config.seed + 1)
     shuffled = list(examples)
     rng.shuffle(shuffled)
-    heldout, train = shuffled[: config.heldout], shuffled[config.heldout :]
+    heldout = shuffled[: config.heldout]
+    train = oversample_two_search(shuffled[config.heldout :], config.two_search_repeat)
 
     model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
     model.config.use_cache = False
@@ -593,9 +603,9 @@ def run_warmstart(
     )
     model = get_peft_model(model, lora)
     result = train_lora(model, train, heldout, config)
-    trained: dict[str, list[str]] = {}
+    trained: dict[str, set[str]] = {}
     for e in train:
-        trained.setdefault(e.dataset, []).append(e.id)
+        trained.setdefault(e.dataset, set()).add(e.id)
     manifest = {
         "kind": "policy-lora",
         "version": f"warmstart-{config.seed}",

@@ -21,6 +21,7 @@ from services.trainer.warmstart import (
     build_record,
     choose_answer,
     masked_lm_loss,
+    oversample_two_search,
     pool_item,
     search_query,
     second_search_target,
@@ -194,3 +195,10 @@ def test_the_warm_start_draws_from_the_training_pool_only(tmp_path):
     assert [i.id for i in pool] == [f"q{i}" for i in range(EVAL_SPLIT, EVAL_SPLIT + 30)]
     chosen = select_items({"nq": pool}, WarmstartConfig(datasets=["nq"], per_dataset=100, seed=3))
     assert len(chosen) == 30 and all(i.position >= EVAL_SPLIT for i in chosen)
+
+
+def test_two_search_trajectories_are_oversampled_on_request(tokenizer):
+    one = to_example(tokenizer, _item(), [FIRST])
+    two = to_example(tokenizer, _item(position=151), [FIRST, SECOND])
+    assert oversample_two_search([one, two], 1) == [one, two]
+    assert oversample_two_search([one, two], 3) == [one, two, two, two]
