@@ -26,6 +26,20 @@ class EvalItem(BaseModel):
     supporting_doc_ids: list[str] = Field(default_factory=list)
 
 
+def row_fields(row: dict, dataset: str) -> dict:
+    """The EvalItem fields of one question-file row (evaluation and the warm start read rows the same way)."""
+    meta = row.get("metadata") or {}
+    options, letter = meta.get("options"), meta.get("answer_idx")
+    return {
+        "id": str(row["id"]),
+        "dataset": row.get("dataset") or dataset,
+        "question": row["question"],
+        "golden_answers": [str(a) for a in row["golden_answers"]],
+        "choice": (letter, options[letter]) if options and letter in options else None,
+        "supporting_doc_ids": [str(d) for d in meta.get("supporting_doc_ids") or []],
+    }
+
+
 def question_file(qa_dir: Path, dataset: str) -> Path:
     for name in (f"{dataset}.jsonl", f"{dataset}_questions.jsonl"):
         if (qa_dir / name).exists():
@@ -64,19 +78,7 @@ def load_items(qa_dir: Path, dataset: str, limit: int | None) -> list[EvalItem]:
         for line in fh:
             if not line.strip():
                 continue
-            row = json.loads(line)
-            meta = row.get("metadata") or {}
-            options, letter = meta.get("options"), meta.get("answer_idx")
-            items.append(
-                EvalItem(
-                    id=str(row["id"]),
-                    dataset=row.get("dataset") or dataset,
-                    question=row["question"],
-                    golden_answers=[str(a) for a in row["golden_answers"]],
-                    choice=(letter, options[letter]) if options and letter in options else None,
-                    supporting_doc_ids=[str(d) for d in meta.get("supporting_doc_ids") or []],
-                )
-            )
+            items.append(EvalItem.model_validate(row_fields(json.loads(line), dataset)))
             if limit is not None and len(items) >= limit:
                 break
     return items

@@ -40,6 +40,7 @@ from services.common.checkpoints import sha256_file
 from services.common.hardware import native_bf16
 from services.common.schemas.policy import TrajectoryRecord, TurnRecord
 from services.common.schemas.retriever import SearchResponse
+from services.eval.datasets import EvalItem, row_fields
 from services.eval.split import EVAL_SPLIT, SplitViolation, training_rows
 
 # Every dataset with a training pool (musique and bamboogle have none: all their questions are the evaluation split).
@@ -71,31 +72,14 @@ OPTIONS_MARK = "\nOptions:"
 
 
 # ---------------------------------------------------------------------------------------------------- questions
-class PoolItem(BaseModel):
+class PoolItem(EvalItem):
     """One training-pool question (FlashRAG layout) with its line position in its dataset file."""
 
-    id: str
-    dataset: str
     position: int = Field(ge=0, description="0-based line of the question in <dataset>.jsonl")
-    question: str
-    golden_answers: list[str] = Field(min_length=1)
-    supporting_doc_ids: list[str] = Field(default_factory=list)
-    option_letter: str | None = Field(
-        None, description="The correct option's letter of a multiple-choice question (a gold alias of its own)"
-    )
 
 
 def pool_item(dataset: str, position: int, row: dict[str, Any]) -> PoolItem:
-    meta = row.get("metadata") or {}
-    return PoolItem(
-        id=str(row["id"]),
-        dataset=dataset,
-        position=position,
-        question=row["question"],
-        golden_answers=[str(a) for a in row["golden_answers"]],
-        supporting_doc_ids=[str(d) for d in meta.get("supporting_doc_ids") or []],
-        option_letter=str(meta["answer_idx"]) if meta.get("options") and meta.get("answer_idx") else None,
-    )
+    return PoolItem(position=position, **row_fields(row, dataset) | {"dataset": dataset})
 
 
 def training_pool(qa_dir: Path, dataset: str) -> list[PoolItem]:
@@ -252,7 +236,7 @@ class SFTExample(BaseModel):
 def to_example(tokenizer: Any, item: PoolItem, searches: Sequence[Shown]) -> SFTExample:
     shown_texts = [f"{title} {body}" for s in searches for _, title, body in s.docs]
     # A multiple-choice question is answered by its letter: one token, and the form its gold list gives first.
-    answer = item.option_letter or choose_answer(item.golden_answers, shown_texts)
+    answer = item.choice[0] if item.choice else choose_answer(item.golden_answers, shown_texts)
     record = build_record(tokenizer, item, searches, answer)
     norm = normalize_answer(answer)
     shown_ids = {d for s in searches for d in s.ids}

@@ -125,7 +125,7 @@ def test_a_multiple_choice_question_is_answered_by_its_letter(tokenizer):
         "metadata": {"options": OPTIONS, "answer_idx": "C"},
     }
     item = pool_item("medqa", 150, row)
-    assert item.option_letter == "C"
+    assert item.choice == ("C", "Cross-linking of DNA")
     # passages that name the option text (and a stray "c") do not change the target
     shown = Shown(search_query(item.question), (("p1", "Cisplatin", "Cisplatin acts by cross-linking of DNA."),))
     example = to_example(tokenizer, item, [shown])
@@ -133,7 +133,7 @@ def test_a_multiple_choice_question_is_answered_by_its_letter(tokenizer):
     masked = tokenizer.decode([t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m])
     assert masked.endswith("<answer> C </answer><|im_end|>") and "Options" not in masked
     # a question without options keeps the alias rule
-    assert pool_item("nq", 150, {"id": "n", "question": "q", "golden_answers": ["x"]}).option_letter is None
+    assert pool_item("nq", 150, {"id": "n", "question": "q", "golden_answers": ["x"]}).choice is None
 
 
 CORPUS = [
