@@ -258,26 +258,24 @@ def from_service(
     with httpx.Client(base_url=url, timeout=30) as client:
         for r in results:
             response = client.get(f"/v1/trajectories/{r.trajectory_id}") if r.trajectory_id else None
-            if response is None or response.status_code == 404:  # a failed request logged no trajectory: it counts
-                zero = dict.fromkeys(("answered", "well_formed_search", "second_search", "copies_question"), 0.0)
-                rows.append({"dataset": r.dataset, "id": r.id, "answer": None, "searches": 0, "valid_format": 0.0,
-                             "recall": r.recall, "em": r.em, "f1": r.f1, "queries": [], **zero})  # fmt: skip
-                continue
-            record = TrajectoryRecord.model_validate(response.raise_for_status().json())
-            searches = [t.search for t in record.turns if t.search is not None]
+            # a failed request logged no trajectory (404): it counts, as unanswered and without a search
+            missing = response is None or response.status_code == 404
+            record = None if missing else TrajectoryRecord.model_validate(response.raise_for_status().json())
+            searches = [] if record is None else [t.search for t in record.turns if t.search is not None]
+            answer = r.answer if record is not None else None
             rows.append(
                 {
                     "dataset": r.dataset,
                     "id": r.id,
-                    "answer": r.answer,
-                    "answered": float(r.answer is not None),
+                    "answer": answer,
+                    "answered": float(answer is not None),
                     "well_formed_search": float(bool(searches)),  # scaffold off: a search only follows one
                     "searches": len(searches),
                     "second_search": float(len(searches) >= 2),
                     "copies_question": float(
                         bool(searches) and searches[0].query.strip().lower() == r.question.strip().lower()
                     ),
-                    "valid_format": float(valid_search_r1_sequence(_with_observations(record))),
+                    "valid_format": float(record is not None and valid_search_r1_sequence(_with_observations(record))),
                     "recall": r.recall,
                     "em": r.em,
                     "f1": r.f1,
