@@ -500,15 +500,30 @@ def write_adapter(model: Any, out: Path, manifest: dict[str, Any]) -> dict[str, 
     return manifest
 
 
+def cached_examples(path: Path, pools: dict[str, list[PoolItem]], items: Sequence[PoolItem]) -> list[SFTExample]:
+    """The examples kept at `path` when they are exactly the questions this run draws; [] when there are none or
+    they were built for another draw (datasets, count, seed): the caller builds anew. An example that is not a
+    training-pool question (the evaluation split, another file) is refused, never trained on."""
+    if not path.exists():
+        return []
+    examples = [SFTExample.model_validate_json(line) for line in path.open()]
+    pool_ids = {(i.dataset, i.id) for pool in pools.values() for i in pool}
+    missing = [e for e in examples if (e.dataset, e.id) not in pool_ids]
+    if missing:
+        raise SplitViolation(f"{len(missing)} example(s) are not training-pool questions, e.g. {missing[0].id}")
+    if {(e.dataset, e.id) for e in examples} != {(i.dataset, i.id) for i in items}:
+        print(f"{path}: built for another draw of questions; rebuilding", file=sys.stderr)
+        return []
+    return examples
+
+
 async def _examples_for(
     config: WarmstartConfig,
-    qa_dir: Path,
+    items: Sequence[PoolItem],
     open_retriever: Callable[[], AbstractAsyncContextManager[WarmstartRetriever]],
     corpus: Sequence[Path],
     tokenizer: Any,
 ) -> list[SFTExample]:
-    pools = {d: training_pool(qa_dir, d) for d in config.datasets}
-    items = select_items(pools, config)
     async with open_retriever() as retriever:
         if corpus:
             await retriever.ingest(corpus)
@@ -553,23 +568,16 @@ def run_warmstart(
     torch.manual_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
     started = time.monotonic()
-    examples: list[SFTExample] = []
-    if examples_cache is not None and examples_cache.exists():
-        examples = [SFTExample.model_validate_json(line) for line in examples_cache.open()]
-        if {e.dataset for e in examples} != set(config.datasets):  # built for another config: build anew
-            print(f"{examples_cache}: built for other datasets than {config.datasets}; rebuilding", file=sys.stderr)
-            examples = []
+    pools = {d: training_pool(qa_dir, d) for d in config.datasets}
+    items = select_items(pools, config)  # training-pool questions only: the split is enforced by the draw
+    examples = cached_examples(examples_cache, pools, items) if examples_cache is not None else []
     if not examples:
-        examples = asyncio.run(_examples_for(config, qa_dir, open_retriever, corpus, tokenizer))
+        examples = asyncio.run(_examples_for(config, items, open_retriever, corpus, tokenizer))
         if examples_cache is not None:
             examples_cache.parent.mkdir(parents=True, exist_ok=True)
             examples_cache.write_text("".join(e.model_dump_json() + "\n" for e in examples))
     build_s = time.monotonic() - started
     examples = [e for e in examples if len(e.input_ids) <= config.max_len]
-    positions = {(i.dataset, i.id): i.position for d in config.datasets for i in training_pool(qa_dir, d)}
-    missing = [e for e in examples if (e.dataset, e.id) not in positions]
-    if missing:  # a cached example from the evaluation split (or another file): refuse, never train on it
-        raise SplitViolation(f"{len(missing)} example(s) are not training-pool questions, e.g. {missing[0].id}")
     rng = random.Random(config.seed + 1)
     shuffled = list(examples)
     rng.shuffle(shuffled)

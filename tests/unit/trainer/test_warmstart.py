@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from services.common.answers import trajectory_text, valid_search_r1_sequence
-from services.eval.split import EVAL_SPLIT
+from services.eval.split import EVAL_SPLIT, SplitViolation
 from services.modeling.prompt import build_prompt, format_information
 from services.retriever.inprocess import InProcessRetriever
 from services.trainer.warmstart import (
@@ -19,6 +19,7 @@ from services.trainer.warmstart import (
     WarmstartConfig,
     build_examples,
     build_record,
+    cached_examples,
     choose_answer,
     masked_lm_loss,
     oversample_two_search,
@@ -202,3 +203,17 @@ def test_two_search_trajectories_are_oversampled_on_request(tokenizer):
     two = to_example(tokenizer, _item(position=151), [FIRST, SECOND])
     assert oversample_two_search([one, two], 1) == [one, two]
     assert oversample_two_search([one, two], 3) == [one, two, two, two]
+
+
+def test_a_cached_example_set_is_used_only_for_the_same_draw(tmp_path, tokenizer):
+    pool = [_item(dataset="hotpotqa", position=p) for p in (150, 151, 152)]
+    cache = tmp_path / "examples.jsonl"
+    assert cached_examples(cache, {"hotpotqa": pool}, pool[:2]) == []  # nothing kept yet
+    kept = [to_example(tokenizer, item, [FIRST]) for item in pool[:2]]
+    cache.write_text("".join(e.model_dump_json() + "\n" for e in kept))
+    assert cached_examples(cache, {"hotpotqa": pool}, pool[:2]) == kept
+    # another draw (more questions, or another dataset's): built anew, not silently reused
+    assert cached_examples(cache, {"hotpotqa": pool}, pool) == []
+    # a kept question that is not in the training pool (e.g. from the evaluation split) is refused
+    with pytest.raises(SplitViolation, match="not training-pool questions"):
+        cached_examples(cache, {"hotpotqa": pool[1:]}, pool[1:])
