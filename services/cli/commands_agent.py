@@ -15,6 +15,7 @@ class AgentModeName(StrEnum):
     direct = "direct"
     naive_rag = "naive-rag"
     agent = "agent"
+    oracle = "oracle"
 
 
 @app.command()
@@ -32,6 +33,10 @@ def ask(
 ) -> None:
     """Ask the running agent a question; print its answer, searches and the documents it read."""
     from rich.console import Console
+
+    if mode is AgentModeName.oracle:
+        raise typer.BadParameter("oracle mode shows a question's supporting passages: use `bridge-rl eval`",
+                                 param_hint="--mode")  # fmt: skip
 
     from services.common.clients.policy import PolicyClient
 
@@ -89,7 +94,11 @@ def evaluate(
     limit: Annotated[int, typer.Option(min=1, help="The first N questions of each dataset (a fixed split).")] = 100,
     mode: Annotated[
         list[AgentModeName] | None,
-        typer.Option(help="Repeatable. direct: no retrieval; naive-rag: one search with the question; agent."),
+        typer.Option(
+            help="Repeatable. direct: no retrieval; naive-rag: one search with the question; agent; oracle: the "
+            "agent shown the question's supporting passages (metadata.supporting_doc_ids) as its first "
+            "<information> block, to set against agent (python -m experiments.headroom). Default: the first three."
+        ),
     ] = None,
     policy: Annotated[str | None, typer.Option(help="Serve this policy version while evaluating.")] = None,
     retriever: Annotated[str | None, typer.Option(help="Serve this retriever version while evaluating.")] = None,
@@ -135,11 +144,22 @@ def evaluate(
         raise typer.BadParameter(f"no question files for {dataset!r} in {qa}", param_hint="--dataset")
     modes = [m.value for m in mode] if mode else list(MODES)
     items = {d: load_items(qa, d, limit) for d in datasets}
+    oracle_items = {d: [i for i in items[d] if i.supporting_doc_ids] for d in datasets}
+    if "oracle" in modes:  # only a question's supporting passages can be shown: the others are not asked
+        no_passages = [d for d in datasets if not oracle_items[d]]
+        partial = [f"{d} {len(oracle_items[d])}/{len(items[d])}" for d in datasets
+                   if 0 < len(oracle_items[d]) < len(items[d])]  # fmt: skip
+        if no_passages:
+            typer.echo(f"oracle: skipping {', '.join(no_passages)} (no metadata.supporting_doc_ids in their questions)")
+        if partial:
+            typer.echo(f"oracle: only the questions with supporting passages: {', '.join(partial)}")
+        if modes == ["oracle"] and not any(oracle_items.values()):
+            raise typer.BadParameter(f"no question of {datasets} names supporting passages", param_hint="--mode")
     try:  # the split: never score the default policy on questions its warm start trained on
         refuse_trained_questions([(i.dataset, i.id) for d in datasets for i in items[d]], load_shipped_manifest() or {})
     except SplitViolation as exc:
         raise typer.BadParameter(str(exc), param_hint="--limit/--dataset") from exc
-    work = [(item, m) for d in datasets for m in modes for item in items[d]]
+    work = [(item, m) for d in datasets for m in modes for item in (oracle_items[d] if m == "oracle" else items[d])]
     if resume and out is None:
         raise typer.BadParameter("--resume needs the --out of the run to continue", param_hint="--resume")
     out = out or settings.data_dir / "eval" / time.strftime("%Y%m%d-%H%M%S")

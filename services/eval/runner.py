@@ -14,18 +14,33 @@ from services.common.schemas.policy import AgentMode, AgentQueryRequest, AgentQu
 from services.eval.datasets import EvalItem
 from services.eval.scoring import ItemResult, answer_scores, cover_score, support_recall
 
-MODES: tuple[AgentMode, ...] = ("direct", "naive-rag", "agent")
+MODES: tuple[AgentMode, ...] = ("direct", "naive-rag", "agent")  # the default; `oracle` is asked for by name
+
+
+def oracle_doc_ids(item: EvalItem) -> list[str]:
+    """What oracle mode shows a question: its supporting passages, each once, in the file's order."""
+    return list(dict.fromkeys(item.supporting_doc_ids))
+
+
+def request_for(item: EvalItem, mode: AgentMode, max_turns: int, top_k: int) -> AgentQueryRequest:
+    """The question and, in oracle mode only, the ids of its supporting passages: nothing else of the row (its
+    answers, its other metadata) leaves this process."""
+    oracle = oracle_doc_ids(item) if mode == "oracle" else None
+    return AgentQueryRequest(question=item.question, max_turns=max_turns, top_k=top_k, mode=mode, oracle_doc_ids=oracle)
 
 
 def score(item: EvalItem, mode: str, response: AgentQueryResponse, latency_s: float) -> ItemResult:
-    retrieved = [doc["id"] for turn in response.turns if turn.search for doc in turn.search.docs]
+    """Recall and searches count the retriever's answers only: oracle mode's given passages are neither (so its
+    recall is that of the searches the policy made after reading them)."""
+    steps = [turn.search for turn in response.turns if turn.search and turn.search.mode != "oracle"]
+    retrieved = [doc["id"] for step in steps for doc in step.docs]
     em, f1 = answer_scores(response.answer or None, item)
     generated = "".join(turn.text for turn in response.turns)
     return ItemResult(
         dataset=item.dataset, mode=mode, id=item.id, question=item.question, golden_answers=item.golden_answers,
         answer=response.answer or None, em=em, f1=f1, cover=cover_score(generated, item),
         recall=None if mode == "direct" else support_recall(retrieved, item.supporting_doc_ids),
-        retrieved_ids=retrieved, searches=sum(turn.search is not None for turn in response.turns),
+        retrieved_ids=retrieved, searches=len(steps),
         latency_s=latency_s, policy_version=response.policy_version, retriever_version=response.retriever_version,
         trajectory_id=response.trajectory_id,
     )  # fmt: skip
@@ -72,7 +87,7 @@ async def evaluate(
     bar = tqdm(total=len(work), desc="evaluating", unit="q", disable=not progress)
 
     async def one(http: httpx.AsyncClient, item: EvalItem, mode: AgentMode) -> ItemResult:
-        request = AgentQueryRequest(question=item.question, max_turns=max_turns, top_k=top_k, mode=mode)
+        request = request_for(item, mode, max_turns, top_k)
         async with gate:
             started = time.perf_counter()
             try:

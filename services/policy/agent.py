@@ -17,6 +17,7 @@ from services.common.answers import extract_answer
 from services.common.clients.retriever import AsyncRetrieverClient
 from services.common.schemas.agent_events import DeltaEvent, DocumentsEvent, RetrievedDoc, SearchEvent
 from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord
+from services.common.schemas.retriever import Document
 from services.modeling.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, format_information, parse_search
 from services.policy.backends.engine import Engine, SamplingSpec
 
@@ -36,6 +37,7 @@ class AgentTask:
     golden_answers: list[str] | None = None
     group_index: int | None = None
     seed: int | None = None
+    oracle_docs: list[Document] | None = None  # oracle mode: shown first, in place of a first search
 
 
 class EventSink:
@@ -89,6 +91,7 @@ class AgentRunner:
         models, which rarely emit <search> on their own); it is an observation, masked like the others.
         `search_tool=False` prompts without the search tool (the direct-answer baseline; use max_turns=0).
         `sink`: stream the steps (text deltas, searches, documents) of a one-question run as they happen.
+        A task's `oracle_docs` are shown before its first generation (`_show_oracle`; use initial_search=False).
         A turn joins the record only once its generation is whole, so a cancelled run leaves no half turn."""
         tokenizer = self.engine.tokenizer
         states = []
@@ -123,6 +126,9 @@ class AgentRunner:
             states.append(_State(task, record, list(prompt_ids)))
         if sink is not None:
             sink.records = [s.record for s in states]
+        for state in states:
+            if state.task.oracle_docs is not None:
+                self._show_oracle(state, state.task.oracle_docs, sink)
 
         if initial_search and states:
             for state in states:
@@ -182,6 +188,41 @@ class AgentRunner:
             state.record.answer = extract_answer(generated_text)
             results.append((state.record, state.timings))
         return results
+
+    def _show_oracle(self, state: _State, docs: list[Document], sink: EventSink | None) -> None:
+        """Oracle mode (an evaluation's measurement of what better evidence is worth): `docs` stand for a first
+        search with the question, written exactly as the scaffold writes its search (the call, then the
+        <information> block of a retrieval result), so that only the passages differ. Only titles and texts
+        reach the model; the observation is masked like every other."""
+        query = state.task.question
+        observation = f"<search> {query} </search>" + format_information([(d.title, d.text) for d in docs])
+        observation_ids = self.engine.tokenizer(observation, add_special_tokens=False)["input_ids"]
+        step = SearchStep(
+            turn=0,
+            query=query,
+            candidates=[],
+            chosen_ids=[d.id for d in docs],
+            chosen_titles=[d.title for d in docs],
+            mode="oracle",
+            temperature=0.0,
+            retriever_version=self.last_retriever_version,
+        )
+        state.record.turns.append(
+            TurnRecord(generated_ids=[], generated_logprobs=[], text="", observation_ids=observation_ids, search=step)
+        )
+        state.context_ids += observation_ids
+        if sink is not None:
+            sink.emit(SearchEvent(turn=0, query=query))
+            sink.emit(
+                DocumentsEvent(
+                    turn=0,
+                    query=query,
+                    docs=[RetrievedDoc(id=d.id, title=d.title, score=0.0, text=d.text) for d in docs],
+                    mode="oracle",
+                    candidates=0,
+                    retriever_version=step.retriever_version,
+                )
+            )
 
     async def _search(
         self,

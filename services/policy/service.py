@@ -12,7 +12,7 @@ import httpx
 
 from services.common.answers import exact_match, f1_score, reward_for, trajectory_text
 from services.common.clients.retriever import AsyncRetrieverClient, ServiceError
-from services.common.errors import Conflict, UpstreamUnavailable
+from services.common.errors import Conflict, InvalidRequest, UpstreamUnavailable
 from services.common.schemas.agent_events import AnswerEvent, DoneEvent, StartEvent
 from services.common.schemas.policy import (
     AgentQueryRequest,
@@ -31,6 +31,7 @@ from services.common.schemas.policy import (
     TrajectoryTokens,
     TurnView,
 )
+from services.common.schemas.retriever import Document
 from services.policy.adapters import adapter_registry
 from services.policy.agent import AgentRunner, AgentTask, EventSink, RetrievalSpec
 from services.policy.backends.engine import Engine, EngineError
@@ -46,6 +47,7 @@ _MODES: dict[str, dict[str, object]] = {
     "agent": {"mode": "agent"},
     "naive-rag": {"mode": "naive-rag", "initial_search": True},
     "direct": {"mode": "direct", "initial_search": False, "search_tool": False},
+    "oracle": {"mode": "oracle", "initial_search": False},  # the request's passages stand for the first search
 }
 
 
@@ -114,10 +116,11 @@ class PolicyService:
     async def answer(
         self, request: AgentQueryRequest, sink: EventSink | None = None, version: str | None = None
     ) -> tuple[TrajectoryRecord, dict[str, float]]:
+        oracle = None if request.oracle_doc_ids is None else await self._oracle_docs(request.oracle_doc_ids)
         [(record, timings)] = await self._run(
-            [AgentTask(question=request.question)],
+            [AgentTask(question=request.question, oracle_docs=oracle)],
             temperature=self.settings.serve_temperature,
-            max_turns=0 if request.mode != "agent" else request.max_turns,
+            max_turns=request.max_turns if request.mode in ("agent", "oracle") else 0,
             retrieval=self.settings.serve_retrieval_spec(request.top_k),
             sink=sink,
             version=version,
@@ -125,6 +128,21 @@ class PolicyService:
         )
         await self.store.append([record])
         return record, timings
+
+    async def _oracle_docs(self, ids: list[str]) -> list[Document]:
+        """The indexed passages of `ids`, in that order: what a search returning them would show."""
+        try:
+            found = await self.retriever.lookup(ids)
+        except ServiceError as exc:
+            raise UpstreamUnavailable(f"retriever answered {exc.status_code}: {exc.detail}") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"retriever unreachable at {self.settings.retriever_url}: {exc}") from exc
+        if found.missing:
+            raise InvalidRequest(
+                f"{len(found.missing)} of oracle_doc_ids not in the retriever's index, e.g. {found.missing[:3]}",
+                param="oracle_doc_ids",
+            )
+        return found.documents
 
     async def query(self, request: AgentQueryRequest, version: str | None = None) -> AgentQueryResponse:
         started = time.perf_counter()
@@ -140,6 +158,7 @@ class PolicyService:
                 if t.search is None
                 else SearchStepView(
                     query=t.search.query,
+                    mode=t.search.mode,
                     docs=[
                         {"id": i, "title": title}
                         for i, title in zip(t.search.chosen_ids, t.search.chosen_titles, strict=False)

@@ -10,6 +10,8 @@ from services.common.clients.base import ServiceError, SyncServiceClient, _heade
 from services.common.schemas.checkpoints import ActivationResponse, CheckpointList, RegisteredCheckpoint
 from services.common.schemas.retriever import (
     Document,
+    DocumentLookupRequest,
+    DocumentLookupResponse,
     SearchRequest,
     SearchResponse,
     UpsertDocumentsRequest,
@@ -90,6 +92,11 @@ class AsyncRetrieverClient:
     async def upsert(self, documents: list[Document]) -> UpsertDocumentsResponse:
         body = UpsertDocumentsRequest(documents=documents).model_dump()
         return UpsertDocumentsResponse.model_validate(await self._call("POST", "/v1/documents", json=body))
+
+    async def lookup(self, ids: list[str]) -> DocumentLookupResponse:
+        """The stored passages of `ids` (at most 1,024), and the ids the retriever does not hold."""
+        body = DocumentLookupRequest(ids=ids).model_dump()
+        return DocumentLookupResponse.model_validate(await self._call("POST", "/v1/documents/lookup", json=body))
 
     async def checkpoints(self) -> CheckpointList:
         return CheckpointList.model_validate(await self._call("GET", "/v1/checkpoints"))

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.common.schemas.policy import MAX_QUESTION_CHARS, MAX_TURNS, AgentMode, AgentQueryRequest
+from services.common.schemas.policy import MAX_QUESTION_CHARS, MAX_TURNS, AgentQueryRequest, QuestionMode
 
 ACTIVE_MODEL = "bridge"  # `model` alias for whichever policy version is active
 
@@ -58,7 +58,7 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(1, ge=1, le=1, description="One answer per request.")
     max_turns: int = Field(4, ge=0, le=MAX_TURNS, description="Agent: searches allowed before the final answer.")
     top_k: int = Field(3, ge=1, le=10, description="Agent: documents per search.")
-    mode: AgentMode = Field("agent", description="agent, naive-rag or direct (as on /v1/agent/query).")
+    mode: QuestionMode = Field("agent", description="agent, naive-rag or direct (as on /v1/agent/query).")
 
     @model_validator(mode="after")
     def _has_question(self) -> ChatCompletionRequest:

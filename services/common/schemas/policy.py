@@ -11,6 +11,7 @@ MAX_TURNS = 8
 MAX_ROLLOUT_ITEMS = 64
 MAX_GROUP_SIZE = 16
 MAX_GOLD = 32
+MAX_ORACLE_DOCS = 50
 
 Question = Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUESTION_CHARS)]
 Gold = Annotated[str, StringConstraints(min_length=1, max_length=500)]
@@ -20,7 +21,10 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-AgentMode = Literal["agent", "naive-rag", "direct"]
+# The modes a question alone can ask for; `oracle` (an evaluation's measurement) also needs the question's passages.
+QuestionMode = Literal["agent", "naive-rag", "direct"]
+AgentMode = Literal["agent", "naive-rag", "direct", "oracle"]
+OracleDocId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\s/]+$")]
 RewardKind = Literal["em", "f1", "em-format"]
 
 
@@ -31,8 +35,17 @@ class AgentQueryRequest(Strict):
     mode: AgentMode = Field(
         "agent",
         description="agent: the Search-R1 loop; naive-rag: one retrieval with the question, then the answer "
-        "(max_turns ignored); direct: answer with no retrieval (max_turns ignored). The last two are the "
-        "evaluation baselines.",
+        "(max_turns ignored); direct: answer with no retrieval (max_turns ignored); oracle: the agent loop with "
+        "the passages of `oracle_doc_ids` shown as its first <information> block (in place of a first search with "
+        "the question), later searches going to the retriever. The last three are evaluation baselines.",
+    )
+    oracle_doc_ids: list[OracleDocId] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_ORACLE_DOCS,
+        description="oracle mode only (and required there): ids of indexed passages (a question's supporting "
+        "documents), shown in this order. Only their titles and texts reach the model; an id the retriever does "
+        "not hold is a 400.",
     )
     stream: bool = Field(
         False,
@@ -40,10 +53,21 @@ class AgentQueryRequest(Strict):
         "a `done` event that carries this same response. A client that disconnects cancels its generation.",
     )
 
+    @model_validator(mode="after")
+    def _oracle_passages(self) -> AgentQueryRequest:
+        if (self.mode == "oracle") != (self.oracle_doc_ids is not None):
+            raise ValueError("oracle_doc_ids is required in oracle mode and refused in every other mode")
+        if self.oracle_doc_ids is not None and len(set(self.oracle_doc_ids)) != len(self.oracle_doc_ids):
+            raise ValueError("oracle_doc_ids must not repeat an id")
+        return self
+
 
 class SearchStepView(BaseModel):
     query: str
     docs: list[dict[str, str]]
+    mode: str | None = Field(
+        None, description="greedy or sample (the retriever answered), or oracle (the request's own passages)."
+    )
 
 
 class TurnView(BaseModel):
