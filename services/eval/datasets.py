@@ -47,13 +47,27 @@ def question_file(qa_dir: Path, dataset: str) -> Path:
     raise FileNotFoundError(f"no questions for dataset {dataset!r} in {qa_dir}")
 
 
+def is_question_file(path: Path) -> bool:
+    """Whether the first row of a .jsonl file is a question (a corpus of {id, title, text} passages, such as
+    services/demo_data/hotpotqa_corpus.jsonl, is not one)."""
+    with path.open() as fh:
+        for line in fh:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    return False
+                return isinstance(row, dict) and "question" in row and "golden_answers" in row
+    return False
+
+
 def available(qa_dir: Path) -> list[str]:
     """Datasets with a question file in `qa_dir`, in group order, then any others by name (a training-only
-    `<dataset>_train.jsonl` is not one: evaluation never reads it)."""
+    `<dataset>_train.jsonl` is not one: evaluation never reads it; nor is a corpus file beside them)."""
     names = {
         p.name.removesuffix(".jsonl").removesuffix("_questions")
         for p in qa_dir.glob("*.jsonl")
-        if not p.name.endswith("_train.jsonl")
+        if not p.name.endswith("_train.jsonl") and is_question_file(p)
     }
     known = [d for members in GROUPS.values() for d in members if d in names]
     return known + sorted(names - set(known))
