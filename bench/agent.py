@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,13 +34,9 @@ from bench.script import DEMO_DATA, prepare_models, script_parser
 from services.cli.ingest import ingest_file
 from services.common.checkpoints import publish_checkpoint, staging_dir
 from services.common.clients.retriever import RetrieverClient
+from services.common.stats import percentile
 from services.trainer.warmstart import SHIPPED_ADAPTER_DIR
 from tests.conftest import policy_env, start_service, stop_service
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def run_service(url: str, questions: list[str], concurrency: int, max_turns: int) -> dict:
@@ -70,7 +65,7 @@ async def run_service(url: str, questions: list[str], concurrency: int, max_turn
             tokens += sum(len(t["generated_ids"]) for t in record["turns"])
     return {
         "qps": len(questions) / elapsed,
-        "p50": statistics.median(latencies),
+        "p50": percentile(latencies, 0.5),
         "p99": percentile(latencies, 0.99),
         "tok_s": tokens / elapsed,
     }
@@ -163,7 +158,7 @@ def main() -> None:
         elapsed = time.perf_counter() - started
         baseline = {
             "qps": len(questions) / elapsed,
-            "p50": statistics.median(latencies),
+            "p50": percentile(latencies, 0.5),
             "p99": percentile(latencies, 0.99),
             "tok_s": produced / elapsed,
         }

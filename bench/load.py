@@ -32,6 +32,7 @@ from bench.script import DEMO_DATA, prepare_models, script_parser
 from services.cli.ingest import ingest_file
 from services.common.checkpoints import publish_checkpoint, staging_dir
 from services.common.clients.retriever import RetrieverClient
+from services.common.stats import percentile
 from tests.conftest import policy_env, start_service, stop_service
 
 
@@ -43,11 +44,6 @@ class Sample:
     policy_version: str | None = None
     retriever_version: str | None = None
     error: str | None = None
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def write_retriever_checkpoint(root: Path, model_dir: Path, version: str, parent: str) -> None:

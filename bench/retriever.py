@@ -19,7 +19,6 @@ import asyncio
 import hashlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import numpy as np
 
 from bench.script import REPO, SHARED_DATA, prepare_models, script_parser
 from services.common.hardware import resolve_dtype
+from services.common.stats import percentile
 from services.modeling.encoder import SentenceEncoder
 from services.retriever.backends.index import EdgeIndex
 from services.retriever.registry import collection_for
@@ -111,11 +111,10 @@ async def drive(url: str, path: str, body_for, batches: list[list[str]], concurr
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
     queries = sum(len(b) for b in batches)
-    latencies.sort()
     return {
         "qps": queries / elapsed,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "p50_ms": 1000 * percentile(latencies, 0.5),
+        "p99_ms": 1000 * percentile(latencies, 0.99),
     }
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.script import REPO, script_parser
+from services.common.stats import percentile
 
 DIM = 384
 ENGINES = ("edge", "client", "exact")
@@ -108,11 +108,10 @@ def measure(engine: str, n: int, queries: int, seed: int) -> dict:
     current, peak = rss_mb()
     disk = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     shutil.rmtree(folder, ignore_errors=True)
-    latencies.sort()
     return {
         "engine": engine, "n": n, "ingest_s": ingest_s,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "p50_ms": 1000 * percentile(latencies, 0.5),
+        "p99_ms": 1000 * percentile(latencies, 0.99),
         "qps": len(latencies) / sum(latencies),
         "memory_mb": current - before, "peak_mb": peak, "disk_mb": disk / 2**20,
         "recall10": float(np.mean([len(set(f) & set(t.tolist())) / 10 for f, t in zip(found, truth, strict=True)])),

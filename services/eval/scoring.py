@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel
 
 from services.common.answers import choice_match, cover_match, exact_match, f1_score
+from services.common.stats import percentile
 from services.eval.datasets import GROUP_OF, EvalItem
 
 
@@ -62,11 +62,7 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 
 def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+    return percentile(values, q) if values else None
 
 
 class Summary(BaseModel):
