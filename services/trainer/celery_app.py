@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from services.trainer.retry import retry_annotations
 from services.trainer.settings import TrainerSettings
 
 
@@ -25,6 +26,7 @@ def make_celery(settings: TrainerSettings | None = None) -> Celery:
         result_expires=24 * 3600,
         worker_hijack_root_logger=False,
         task_default_queue=settings.queue,
+        task_annotations=retry_annotations(settings),  # the round steps' retries (retry.py)
     )
     return app
 

@@ -53,8 +53,10 @@ class TrainerSettings(CommonSettings):
         description="Retries of a round step after a transient failure (502/503/504, connection "
         "refused or dropped, timeout, Redis unreachable) before the run is marked failed; 0: fail at once.",
     )
-    retry_backoff_s: float = Field(2.0, gt=0, description="Wait before the first retry; doubles with each retry.")
-    retry_backoff_max_s: float = Field(60.0, gt=0, description="Cap on the wait between two retries.")
+    retry_backoff_s: int = Field(
+        2, ge=1, description="Seconds before the first retry; doubles with each retry (Celery's retry_backoff)."
+    )
+    retry_backoff_max_s: int = Field(60, ge=1, description="Cap on the wait between two retries, in seconds.")
     retry_jitter: bool = Field(True, description="Draw each wait uniformly from [0, backoff] (full jitter).")
     cpus: str | None = Field(
         None,

@@ -3,12 +3,14 @@ with `--policy-rollouts fresh`; see `plan.py`), and the round's last publish enq
 Payloads are a run id, a round number and a phase name; the work lives in `collect.py`, `train.py` and
 `publish.py` (one module per step; their files in `round_files.py`).
 
-A step that fails transiently (see `retry.is_transient`) is retried with exponential backoff and jitter, up to
+A step that fails transiently (`retry.AUTORETRY_FOR`) is retried by Celery (`autoretry_for`, `retry_backoff`,
+`retry_jitter`; the numbers from TrainerSettings through `task_annotations`, see `retry.retry_annotations`), up to
 `BRIDGE_TRAINER_RETRY_MAX` times, which is safe because every step is idempotent (keyed by run, round and phase);
-only then, or at once for any other error, is the run marked failed with the reason."""
+only then, or at once for any other error, is the run marked failed with the reason (`RoundStep.on_failure`)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 from celery import Task, shared_task
@@ -18,7 +20,7 @@ from services.trainer import collect as collect_step
 from services.trainer import plan
 from services.trainer import publish as publish_step
 from services.trainer import train as train_step
-from services.trainer.retry import backoff_s, is_transient
+from services.trainer.retry import AUTORETRY_FOR, DONT_AUTORETRY_FOR, is_transient
 from services.trainer.round_files import mark_failed
 from services.trainer.run_state import RunState
 from services.trainer.settings import TrainerSettings
@@ -39,58 +41,58 @@ def _then(settings: TrainerSettings, run_id: str, round_index: int, step: plan.S
     {"collect": collect, "train": train, "publish": publish}[next_step].delay(run_id, next_round, next_phase)
 
 
-def _retry_or_fail(task: Task, run_id: str, what: str, exc: Exception) -> None:
-    """Raises celery's Retry (the same step again, later) for a transient error with retries left; otherwise marks
-    the run failed with the reason and returns, and the caller re-raises `exc`."""
-    settings = _settings()
-    retries = task.request.retries
-    if is_transient(exc):
-        if retries < settings.retry_max:
-            countdown = backoff_s(retries, base_s=settings.retry_backoff_s, max_s=settings.retry_backoff_max_s,
-                                  jitter=settings.retry_jitter)  # fmt: skip
-            log.warning("%s: transient %r; retry %d of %d in %.2fs", what, exc, retries + 1, settings.retry_max,
-                        countdown)  # fmt: skip
-            try:
-                raise task.retry(exc=exc, countdown=countdown, max_retries=settings.retry_max)
-            except Reject as reject:  # the retry could not be enqueued (the broker is down as well)
-                what = f"{what}, whose retry could not be enqueued ({reject.reason!r})"
-        what = f"{what}, transient, after {retries} retries"
-    mark_failed(settings, run_id, f"{what}: {exc!r}")
+class RoundStep(Task):
+    """A round step's task: Celery retries what `retry.is_transient` calls transient; a failure it does not retry
+    (permanent, or transient past the retries) marks the run failed with the step and the reason."""
+
+    autoretry_for = AUTORETRY_FOR
+    dont_autoretry_for = DONT_AUTORETRY_FOR
+
+    def _what(self, args: tuple, kwargs: dict) -> tuple[str, str]:
+        """(run id, "publish round 0 (round)") of this call."""
+        call = inspect.signature(self.run).bind(*args, **kwargs)
+        call.apply_defaults()
+        run_id, round_index, phase = (call.arguments[k] for k in ("run_id", "round_index", "phase"))
+        step = self.name.rsplit(".", 1)[-1]
+        return run_id, f"{step} round {round_index}" + (f" ({phase})" if phase else "")
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
+        run_id, what = self._what(args, kwargs)
+        if is_transient(exc):
+            what = f"{what}, transient, after {self.request.retries} retries"
+        mark_failed(_settings(), run_id, f"{what}: {exc!r}")
+
+    def retry(self, *args, **kwargs):
+        try:
+            return super().retry(*args, **kwargs)
+        except Reject as reject:  # the retry could not be enqueued (the broker is down as well): no on_failure
+            run_id, what = self._what(self.request.args, self.request.kwargs)
+            what = f"{what}, whose retry could not be enqueued ({reject.reason!r}), transient, after "
+            mark_failed(_settings(), run_id, f"{what}{self.request.retries} retries: {kwargs.get('exc')!r}")
+            raise
 
 
-@shared_task(name="trainer.round.collect", bind=True)
+@shared_task(name="trainer.round.collect", bind=True, base=RoundStep)
 def collect(self, run_id: str, round_index: int, phase: plan.Phase | None = None) -> None:
     """`phase=None` (how a run is started or resumed): the plan's first phase."""
-    try:
-        settings = _settings()
-        phase = phase or plan.first_phase(_algo(settings, run_id))
-        outcome = collect_step.collect(settings, run_id, round_index, phase)
-        if outcome == "ready":
-            _then(settings, run_id, round_index, "collect", phase)
-        elif outcome == "wait":  # live: look again later, without holding a worker
-            collect.apply_async((run_id, round_index, phase), countdown=settings.live_poll_s)
-    except Exception as exc:
-        _retry_or_fail(self, run_id, f"collect round {round_index} ({phase})", exc)
-        raise
+    settings = _settings()
+    phase = phase or plan.first_phase(_algo(settings, run_id))
+    outcome = collect_step.collect(settings, run_id, round_index, phase)
+    if outcome == "ready":
+        _then(settings, run_id, round_index, "collect", phase)
+    elif outcome == "wait":  # live: look again later, without holding a worker
+        collect.apply_async((run_id, round_index, phase), countdown=settings.live_poll_s)
 
 
-@shared_task(name="trainer.round.train", bind=True)
+@shared_task(name="trainer.round.train", bind=True, base=RoundStep)
 def train(self, run_id: str, round_index: int, phase: plan.Phase = "round") -> None:
-    try:
-        settings = _settings()
-        if train_step.train(settings, run_id, round_index, phase):
-            _then(settings, run_id, round_index, "train", phase)
-    except Exception as exc:
-        _retry_or_fail(self, run_id, f"train round {round_index} ({phase})", exc)
-        raise
+    settings = _settings()
+    if train_step.train(settings, run_id, round_index, phase):
+        _then(settings, run_id, round_index, "train", phase)
 
 
-@shared_task(name="trainer.round.publish", bind=True)
+@shared_task(name="trainer.round.publish", bind=True, base=RoundStep)
 def publish(self, run_id: str, round_index: int, phase: plan.Phase = "round") -> None:
-    try:
-        settings = _settings()
-        if publish_step.publish(settings, run_id, round_index, phase):
-            _then(settings, run_id, round_index, "publish", phase)
-    except Exception as exc:
-        _retry_or_fail(self, run_id, f"publish round {round_index} ({phase})", exc)
-        raise
+    settings = _settings()
+    if publish_step.publish(settings, run_id, round_index, phase):
+        _then(settings, run_id, round_index, "publish", phase)

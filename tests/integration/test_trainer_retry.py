@@ -98,7 +98,8 @@ def setup(tmp_path_factory) -> Iterator[dict]:
         "REDIS_URL": REDIS_URL, "BRIDGE_TRAINER_QUEUE": f"bridge-test-retry-{tag}",
         "BRIDGE_TRAINER_TRAJECTORY_STREAM": f"bridge:test-retry:{tag}", "BRIDGE_TRAINER_POLICY_URL": policy.url,
         "BRIDGE_TRAINER_METRICS_PORT": "0", "BRIDGE_TRAINER_RETRY_MAX": str(RETRY_MAX),
-        "BRIDGE_TRAINER_RETRY_BACKOFF_S": "0.2", "BRIDGE_TRAINER_RETRY_BACKOFF_MAX_S": "0.5",
+        "BRIDGE_TRAINER_RETRY_BACKOFF_S": "1", "BRIDGE_TRAINER_RETRY_BACKOFF_MAX_S": "2",
+        "BRIDGE_TRAINER_RETRY_JITTER": "false",
     }  # fmt: skip
     log_path = tmp_path / "worker.log"
     with log_path.open("w") as log:
@@ -158,6 +159,7 @@ def test_a_503_during_publish_is_retried_and_the_run_completes(setup):
     assert calls == [("register", 503), ("register", 503), ("register", 200), ("activate", 200)]
     retried = [line for line in setup["log"].read_text().splitlines() if "retry: Retry in" in line and run_id in line]
     assert len(retried) == 2  # celery's own record of each retry it scheduled
+    assert "Retry in 1s" in retried[0] and "Retry in 2s" in retried[1]  # the backoff doubles
 
 
 def test_a_4xx_fails_the_run_at_once_with_its_reason(setup):

@@ -6,11 +6,26 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-# Only a connection that never reached the server is safe to retry blindly.
+# Requests whose repetition changes nothing (RFC 9110 9.2.2); no service honours an idempotency key on a POST.
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+# An upstream that is there but cannot answer right now (a checkpoint swap, a restart behind a proxy).
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+
+
+def _safe_to_resend(exc: BaseException) -> bool:
+    """A connection that never reached the server (refused, or no connection in time) is safe to retry for any
+    request. A connection dropped before the answer (a stale keep-alive connection, a server that died mid-request)
+    may have delivered the request already, so it is resent only when repeating it changes nothing: never a POST,
+    which the server may have taken (a registered checkpoint, an activation, a logged trajectory)."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return True
+    return isinstance(exc, httpx.RemoteProtocolError) and exc.request.method in IDEMPOTENT_METHODS
+
+
 _transient = retry(
-    retry=retry_if_exception_type((httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)),
+    retry=retry_if_exception(_safe_to_resend),
     wait=wait_random_exponential(multiplier=0.2, max=5),
     stop=stop_after_attempt(5),
     reraise=True,
@@ -23,6 +38,19 @@ class ServiceError(Exception):
         self.status_code = status_code
         self.detail = detail
 
+    def __reduce__(self):  # pickles (Celery keeps the error of a retried task with its Retry)
+        return type(self), (self.status_code, self.detail)
+
+
+class ServiceUnavailableError(ServiceError):
+    """A 502, 503 or 504: the service is there but cannot answer right now; a later retry may succeed."""
+
+
+def service_error(status_code: int, detail: str) -> ServiceError:
+    """The error for a response with this status: `ServiceUnavailableError` for 502/503/504."""
+    kind = ServiceUnavailableError if status_code in UNAVAILABLE_STATUSES else ServiceError
+    return kind(status_code, detail)
+
 
 def _raise_for(response: httpx.Response) -> None:
     if response.is_success:
@@ -31,7 +59,7 @@ def _raise_for(response: httpx.Response) -> None:
         detail = response.json().get("detail", response.text)
     except ValueError:
         detail = response.text
-    raise ServiceError(response.status_code, str(detail))
+    raise service_error(response.status_code, str(detail))
 
 
 def _headers(admin_token: str | None, api_key: str | None = None) -> dict[str, str]:

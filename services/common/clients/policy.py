@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from services.common.checkpoints import Manifest
-from services.common.clients.base import ServiceError, SyncServiceClient, _raise_for
+from services.common.clients.base import SyncServiceClient, _raise_for, service_error
 from services.common.schemas.agent_events import AGENT_EVENT, AgentEvent
 from services.common.schemas.checkpoints import ActivationResponse, CheckpointList
 from services.common.schemas.policy import (
@@ -49,7 +49,7 @@ class PolicyClient(SyncServiceClient):
                     event = AGENT_EVENT.validate_json(line.removeprefix("data: "))
                     if event.type == "error":
                         code = str(event.error.get("code") or "")
-                        raise ServiceError(int(code) if code.isdigit() else 500, event.detail)
+                        raise service_error(int(code) if code.isdigit() else 500, event.detail)
                     yield event
 
     def rollouts(self, request: RolloutRequest) -> RolloutResponse:

@@ -1,17 +1,20 @@
-"""Which round-step failures are retried (transient) and which fail the run at once, and the backoff schedule."""
+"""Which round-step failures are retried (transient) and which fail the run at once, and the backoff schedule, through
+Celery's own autoretry of the real task."""
 
 from __future__ import annotations
 
-import random
 import socket
 
 import httpx
 import pytest
 import redis
+from celery.exceptions import Retry
 from pydantic import ValidationError
 
 from services.common.clients.base import ServiceError, _raise_for
-from services.trainer.retry import backoff_s, is_transient
+from services.trainer import publish as publish_step
+from services.trainer.celery_app import make_celery
+from services.trainer.retry import AUTORETRY_FOR, DONT_AUTORETRY_FOR, is_transient
 from services.trainer.settings import TrainerSettings
 
 
@@ -81,27 +84,74 @@ def test_everything_else_is_permanent(exc):
     assert not is_transient(exc)
 
 
-def test_backoff_doubles_up_to_the_cap():
-    waits = [backoff_s(n, base_s=0.5, max_s=3.0, jitter=False) for n in range(6)]
-    assert waits == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+@pytest.fixture
+def publish_task(monkeypatch):
+    """The real `trainer.round.publish` of an app made as the worker makes it, called as a worker calls it, with a
+    publish step that raises what the test puts in `failures`; `retried(n)` runs it as retry number n and returns
+    Celery's Retry (its `when`: the countdown) or raises what the task raised."""
+    failures: list[BaseException] = []
+
+    def failing_publish(*args) -> bool:
+        raise failures[0]
+
+    monkeypatch.setattr(publish_step, "publish", failing_publish)
+
+    def make(settings: TrainerSettings):
+        app = make_celery(settings)
+        app.loader.import_default_modules()  # the app's `include`, as a worker imports it
+        task = app.tasks["trainer.round.publish"]
+
+        def retried(n: int, exc: BaseException) -> Retry:
+            failures[:] = [exc]
+            task.push_request(args=["run", 0, "round"], kwargs={}, retries=n, called_directly=False, is_eager=True)
+            try:
+                with pytest.raises(Retry) as info:
+                    task.run("run", 0, "round")
+                return info.value
+            finally:
+                task.pop_request()
+
+        return task, retried
+
+    return make
 
 
-def test_jittered_backoff_stays_within_zero_and_the_unjittered_wait():
-    rng = random.Random(0)
-    for n in range(8):
-        ceiling = backoff_s(n, base_s=1.0, max_s=20.0, jitter=False)
-        waits = [backoff_s(n, base_s=1.0, max_s=20.0, jitter=True, rng=rng) for _ in range(200)]
-        assert all(0.0 <= w <= ceiling for w in waits)
-        assert len(set(waits)) > 100  # drawn, not fixed
+def test_the_steps_retry_what_is_transient_and_nothing_else(publish_task):
+    task, retried = publish_task(TrainerSettings(metrics_port=0))
+    assert task.autoretry_for == AUTORETRY_FOR and task.dont_autoretry_for == DONT_AUTORETRY_FOR
+    assert retried(0, _service_error(503)).exc.status_code == 503
+    assert isinstance(retried(0, httpx.ConnectError("refused")).exc, httpx.ConnectError)
+    for permanent in (_service_error(400), ValueError("no questions"), redis.exceptions.AuthenticationError("pw")):
+        with pytest.raises(type(permanent)):  # raised as itself, not as Retry
+            retried(0, permanent)
+
+
+def test_backoff_doubles_up_to_the_cap_then_the_error_is_raised(publish_task):
+    settings = TrainerSettings(metrics_port=0, retry_max=5, retry_backoff_s=1, retry_backoff_max_s=3,
+                               retry_jitter=False)  # fmt: skip
+    _, retried = publish_task(settings)
+    assert [retried(n, _service_error(503)).when for n in range(5)] == [1, 2, 3, 3, 3]
+    with pytest.raises(ServiceError, match="503"):  # past retry_max: the error itself, which fails the run
+        retried(5, _service_error(503))
+
+
+def test_jittered_backoff_stays_within_zero_and_the_unjittered_wait(publish_task):
+    settings = TrainerSettings(metrics_port=0, retry_max=10, retry_backoff_s=1, retry_backoff_max_s=20)
+    _, retried = publish_task(settings)
+    for n in range(6):
+        ceiling = min(20, 2**n)
+        waits = [retried(n, _service_error(502)).when for _ in range(100)]
+        assert all(0 <= w <= ceiling for w in waits)
+        assert n < 3 or len(set(waits)) > ceiling // 2  # drawn, not fixed
 
 
 def test_retry_settings_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("BRIDGE_TRAINER_RETRY_MAX", "3")
-    monkeypatch.setenv("BRIDGE_TRAINER_RETRY_BACKOFF_S", "0.25")
+    monkeypatch.setenv("BRIDGE_TRAINER_RETRY_BACKOFF_S", "1")
     monkeypatch.setenv("BRIDGE_TRAINER_RETRY_BACKOFF_MAX_S", "4")
     monkeypatch.setenv("BRIDGE_TRAINER_RETRY_JITTER", "false")
     settings = TrainerSettings()
-    assert (settings.retry_max, settings.retry_backoff_s, settings.retry_backoff_max_s) == (3, 0.25, 4.0)
+    assert (settings.retry_max, settings.retry_backoff_s, settings.retry_backoff_max_s) == (3, 1, 4)
     assert settings.retry_jitter is False
 
 
