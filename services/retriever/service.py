@@ -95,17 +95,23 @@ class RetrieverService:
         return None if pending is None else self.checkpoints.weights(pending)
 
     # ---------------------------------------------------------------- search
-    def _search_batch(self, active: ActiveRetriever, items: list[tuple[str, int]]) -> list[list[Hit]]:
-        vectors = active.query_encoder.encode([q for q, _ in items], batch_size=self.settings.encode_batch_size)
-        limit = max(limit for _, limit in items)
-        hits = self.index.search(active.collection, vectors, limit)
-        return [h[:lim] for h, (_, lim) in zip(hits, items, strict=True)]
+    def _search_batch(self, active: ActiveRetriever, items: list[tuple[str, int, bool]]) -> list[list[Hit]]:
+        """(query, limit, exact) items: one encoder forward for all, one index call per kind of search."""
+        vectors = active.query_encoder.encode([q for q, _, _ in items], batch_size=self.settings.encode_batch_size)
+        hits: list[list[Hit]] = [[] for _ in items]
+        for exact in (False, True):
+            rows = [n for n, item in enumerate(items) if item[2] is exact]
+            if rows:
+                found = self.index.search(active.collection, vectors[rows], max(items[n][1] for n in rows), exact)
+                for n, row_hits in zip(rows, found, strict=True):
+                    hits[n] = row_hits[: items[n][1]]
+        return hits
 
     async def search(self, request: SearchRequest) -> SearchResponse:
         async with self.checkpoints.lease() as version:  # every query of this request uses this one version
             active = self.checkpoints.weights(version)
             limit = request.candidates
-            hits = await self._batcher.submit(active, [(q, limit) for q in request.queries])
+            hits = await self._batcher.submit(active, [(q, limit, request.exact) for q in request.queries])
         results = [
             self._select(query, query_hits, request, position)
             for position, (query, query_hits) in enumerate(zip(request.queries, hits, strict=True))

@@ -188,3 +188,21 @@ def test_bad_oracle_input_is_a_4xx_with_a_reason(retriever, tmp_path, extra, sta
         assert bad.json()["error"]["param"] == "oracle_doc_ids"
     assert len(engine.contexts) == 1  # the refused request generated nothing; the next one was served
     assert good.status_code == 200, good.text
+
+
+def test_headroom_search_served_and_exact_on_the_real_retriever(retriever):
+    """experiments.headroom's recall source: greedy top-k (HNSW) and `exact: true` (a full scan) over the same
+    vectors; on four passages they agree, and the exact scan ranks like cosine over all of them."""
+    from experiments.headroom import retrieval_recall, served_search
+
+    search = served_search(retriever.url)
+    served, exact = (
+        search(["Delta Lake", "mountain village"], 3, False),
+        search(["Delta Lake", "mountain village"], 3, True),
+    )
+    assert served == exact and [row[0] for row in exact] == ["orc-delta", "orc-eps"] and len(exact[0]) == 3
+    items = [EvalItem.model_validate(row_fields(ROW, "hotpotqa"))]
+    got = retrieval_recall(search, items, ks=(1, 4))
+    assert got["served@4"] == got["exact@4"] == 1.0 and got["served@1"] == got["exact@1"] in (0.0, 0.5)
+    bad = httpx.post(retriever.url + "/v1/search", json={"queries": ["x"], "exact": "sometimes"})
+    assert bad.status_code == 422

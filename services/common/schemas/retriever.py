@@ -28,6 +28,11 @@ class SearchRequest(Strict):
     candidates: int = Field(20, ge=1, le=MAX_CANDIDATES, description="M: how many candidates p_phi covers.")
     temperature: float = Field(1.0, gt=0.0, le=100.0, description="Softmax temperature over candidate scores.")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    exact: bool = Field(
+        False,
+        description="Brute force over every document vector instead of the ANN (HNSW) index: the same vectors, "
+        "so the difference measures the index's loss. Costs a full scan a query; for evaluation, not serving.",
+    )
 
     @model_validator(mode="after")
     def _top_k_within_candidates(self) -> SearchRequest:

@@ -57,8 +57,9 @@ class VectorIndex(ABC):
         """Each payload carries `doc_id`; vectors are (N, D) float32."""
 
     @abstractmethod
-    def search(self, collection: str, vectors: np.ndarray, limit: int) -> list[list[Hit]]:
-        """Top `limit` by inner product for each row of (Q, D) `vectors`, best first, with payloads."""
+    def search(self, collection: str, vectors: np.ndarray, limit: int, exact: bool = False) -> list[list[Hit]]:
+        """Top `limit` by inner product for each row of (Q, D) `vectors`, best first, with payloads. `exact`: a
+        full scan of the stored vectors instead of the ANN index (the index's recall loss, measured)."""
 
     @abstractmethod
     def retrieve(self, collection: str, doc_ids: list[str]) -> dict[str, dict[str, Any]]: ...
@@ -138,9 +139,9 @@ class EdgeIndex(VectorIndex):
             shard.update(qe.UpdateOperation.upsert_points(points))
             shard.flush()
 
-    def search(self, collection: str, vectors: np.ndarray, limit: int) -> list[list[Hit]]:
+    def search(self, collection: str, vectors: np.ndarray, limit: int, exact: bool = False) -> list[list[Hit]]:
         qe = self._qe
-        params = qe.SearchParams(hnsw_ef=max(self.hnsw_ef, limit))
+        params = qe.SearchParams(exact=True) if exact else qe.SearchParams(hnsw_ef=max(self.hnsw_ef, limit))
         requests = [
             qe.QueryRequest(limit=limit, query=qe.Query.Nearest(v.tolist()), with_payload=True, params=params)
             for v in vectors
@@ -223,9 +224,9 @@ class QdrantClientIndex(VectorIndex):
         with self._lock:
             self.client.upsert(collection, points=batch, wait=True)
 
-    def search(self, collection: str, vectors: np.ndarray, limit: int) -> list[list[Hit]]:
+    def search(self, collection: str, vectors: np.ndarray, limit: int, exact: bool = False) -> list[list[Hit]]:
         m = self._models
-        params = m.SearchParams(hnsw_ef=max(self.hnsw_ef, limit))
+        params = m.SearchParams(exact=True) if exact else m.SearchParams(hnsw_ef=max(self.hnsw_ef, limit))
         requests = [m.QueryRequest(query=v.tolist(), limit=limit, with_payload=True, params=params) for v in vectors]
         responses = self.client.query_batch_points(collection, requests=requests)
         return [[Hit(p.payload["doc_id"], float(p.score), dict(p.payload)) for p in r.points] for r in responses]
