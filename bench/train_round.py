@@ -88,11 +88,14 @@ def make_batch_file(models: Models, out: Path, questions: int = 4, group: int = 
 
 def second_order_round(policy, retriever, batch, cfg, lam: float) -> None:
     """Implicit-function hypergradient for theta (Neumann inverse-HVP), then the usual phi steps."""
+    score_old_retrieval(retriever, batch, cfg.tis_cap)  # P_phi_old, the credit's ratio denominator
     # The pooler is not used by mean pooling: keep the parameters that carry gradient.
     phi = [p for n, p in retriever.query.named_parameters() if "pooler" not in n]
     all_phi = list(retriever.query.parameters())
     theta = policy.parameters()
-    grad_f_phi = torch.autograd.grad(retrieval_credit(retriever.query, retriever, batch) / lam, phi, allow_unused=True)
+    grad_f_phi = torch.autograd.grad(
+        retrieval_credit(retriever.query, retriever, batch, cfg) / lam, phi, allow_unused=True
+    )
     grad_f_phi = [torch.zeros_like(p) if g is None else g for g, p in zip(grad_f_phi, phi, strict=True)]
     log_p = subset_logps(candidate_logps(retriever.query, retriever, batch), batch)
     deployed = log_p.detach()
@@ -117,7 +120,7 @@ def second_order_round(policy, retriever, batch, cfg, lam: float) -> None:
     descend(
         optim.get("phi", all_phi),
         lambda: (
-            retrieval_credit(retriever.query, retriever, batch) / lam
+            retrieval_credit(retriever.query, retriever, batch, cfg) / lam
             + lower_loss(retriever.query, retriever, batch, q_fixed, cfg)
         ),
         cfg.retriever_steps,

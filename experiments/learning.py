@@ -61,7 +61,8 @@ def run_config(args: argparse.Namespace, algo: str) -> RunConfig:
     return RunConfig(run_id=f"learn-{algo}-s{args.seed}-{int(time.time())}", dataset=args.train_dataset,
                      rounds=args.rounds, questions_per_round=args.questions_per_round, max_turns=args.max_turns,
                      reward=args.reward,
-                     algo=algo_config(args, algo, group_size=args.group_size, gamma=args.gamma))  # fmt: skip
+                     algo=algo_config(args, algo, group_size=args.group_size,
+                                      **({} if args.gamma is None else {"gamma": args.gamma})))  # fmt: skip
 
 
 def train(stack, args: argparse.Namespace, algo: str) -> str:
@@ -130,7 +131,7 @@ def plot_rewards(out: Path, rewards: dict[str, list[list[float]]]) -> Path:
 
 def report(args, elapsed: float, start: list[ItemResult], runs: dict[str, dict]) -> str:
     datasets = args.eval_datasets
-    schedule = f"held at {args.gamma:g}" if args.gamma else "on its schedule (bridge) or fixed (the others)"
+    schedule = f"held at {args.gamma if args.gamma is not None else AlgoConfig().gamma:g}"
     lines = [f"# Learning runs from the warm start ({elapsed / 60:.1f} min wall)", "",
              f"`{args.command}`", "",
              f"Training: {args.rounds} rounds x {args.questions_per_round} questions x G {args.group_size} on the "
@@ -221,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--questions-per-round", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--gamma", type=float, default=None,
-                        help="Hold lambda at this value (AlgoConfig.gamma) instead of bridge's growing schedule; "
+                        help="Hold lambda at this value (AlgoConfig.gamma; default: AlgoConfig's, the paper's 0.02); "
                         "--gamma 1 makes bridge's update alt-rp's.")  # fmt: skip
     return parser
 

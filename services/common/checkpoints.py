@@ -105,18 +105,26 @@ def staging_dir(root: Path, version: str) -> Path:
     return path
 
 
-def publish_checkpoint(staging: Path, final: Path, **manifest_fields: Any) -> Manifest:
-    """Hash every file in `staging`, write the manifest, fsync, and rename the folder to `final` atomically."""
+def publish_checkpoint(staging: Path, final: Path, *, replace: bool = False, **manifest_fields: Any) -> Manifest:
+    """Hash every file in `staging`, write the manifest, fsync, and rename the folder to `final` atomically.
+
+    `replace`: an existing `final` (an earlier attempt's, never published) is moved aside first and removed after."""
     files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file() and p.name != MANIFEST}
     manifest = Manifest(files=files, **manifest_fields)
     (staging / MANIFEST).write_text(manifest.model_dump_json(indent=2))
     for p in staging.iterdir():
         with p.open("rb") as fh:
             os.fsync(fh.fileno())
+    previous = None
     if final.exists():
-        shutil.rmtree(staging)
-        raise InvalidRequest(f"checkpoint {final} already exists", param="version")
+        if not replace:
+            shutil.rmtree(staging)
+            raise InvalidRequest(f"checkpoint {final} already exists", param="version")
+        previous = final.with_name(f".{final.name}.replaced-{uuid.uuid4().hex[:6]}")
+        os.replace(final, previous)
     os.replace(staging, final)
+    if previous is not None:
+        shutil.rmtree(previous)
     return manifest
 
 

@@ -1,4 +1,8 @@
-"""Writes the round's checkpoints into the shared checkpoint root (temporary folder, then an atomic rename)."""
+"""Writes the round's checkpoints into the shared checkpoint root (temporary folder, then an atomic rename).
+
+A retried train step writes its checkpoint again, replacing an earlier attempt's: the weights published are
+always those of the attempt whose optimizer state and stats the round keeps (until the round is published,
+nothing has read them)."""
 
 from __future__ import annotations
 
@@ -18,20 +22,18 @@ def policy_version(run_id: str, round_index: int) -> str:
 
 def write_retriever(root: Path, retriever: RetrieverModel, version: str, parent: str | None, **meta) -> Path:
     final = root / version
-    if final.exists():  # a retried task: the checkpoint of this (run, round) is already complete
-        return final
     staging = staging_dir(root, version)
     retriever.save_query(staging, "query_encoder.safetensors")
     extra = {**meta.pop("extra", {}), "retriever_params": retriever.params}
-    publish_checkpoint(staging, final, kind="retriever-query", version=version, parent=parent, extra=extra, **meta)
+    publish_checkpoint(
+        staging, final, replace=True, kind="retriever-query", version=version, parent=parent, extra=extra, **meta
+    )
     return final
 
 
 def write_policy(root: Path, policy: PolicyModel, version: str, parent: str | None, **meta) -> Path:
     final = root / version
-    if final.exists():
-        return final
     staging = staging_dir(root, version)
     policy.save_adapter(staging)
-    publish_checkpoint(staging, final, kind="policy-lora", version=version, parent=parent, **meta)
+    publish_checkpoint(staging, final, replace=True, kind="policy-lora", version=version, parent=parent, **meta)
     return final

@@ -46,8 +46,9 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
     started = time.perf_counter()
     entry_ids, records = load_round_rollouts(folder / "rollouts.json")
     policy = PolicyModel(
-        settings.base_policy_dir, state.policy_adapter and Path(state.policy_adapter), cfg.lora_rank, cfg.lora_alpha
-    )
+        settings.base_policy_dir, state.policy_adapter and Path(state.policy_adapter), cfg.lora_rank, cfg.lora_alpha,
+        seed=cfg.seed,
+    )  # fmt: skip
     batch = _batch(settings, state, round_index, records, policy)
     items = json.loads((folder / "items.json").read_text())
     root = settings.checkpoint_root
@@ -82,6 +83,7 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
         retriever = RetrieverModel(
             settings.base_retriever_dir, state.retriever_weights and Path(state.retriever_weights),
             params=cfg.retriever_params, lora_rank=cfg.retriever_lora_rank, lora_alpha=cfg.retriever_lora_alpha,
+            seed=cfg.seed,
         )  # fmt: skip
         if phase == "retriever":
             stats, coupling = train_retriever_phase(policy, retriever, batch, cfg, state.lam, optim)

@@ -112,7 +112,7 @@ def build_batch(
     )
 
 
-def spread_subsample(records, searches: list[SearchSample], q_steps: int, seed: int) -> list[int]:
+def spread_subsample(records, searches: list[SearchSample | None], q_steps: int, seed: int) -> list[int]:
     """Up to `q_steps` search indices with distinct (query, candidate set), spread over the round's questions:
     questions in a seeded order, round-robin, one not-yet-taken distinct search of each per pass. Searches of
     one question's G rollouts often share query and candidates (the initial-search scaffold); those count once."""
@@ -120,6 +120,8 @@ def spread_subsample(records, searches: list[SearchSample], q_steps: int, seed: 
     by_question: dict[str, list[int]] = {}
     seen: set[tuple[str, tuple[str, ...]]] = set()
     for s, search in enumerate(searches):
+        if search is None:  # left out by the caller
+            continue
         record = records[search.trajectory]
         key = (search.query, tuple(search.candidate_ids))
         if not record.golden_answers or key in seen:
@@ -138,23 +140,45 @@ def spread_subsample(records, searches: list[SearchSample], q_steps: int, seed: 
     return sorted(picked)
 
 
+def split_ids(tokenizer, context: str, answer: str) -> tuple[list[int], list[int]]:
+    """Token ids of `context + answer` tokenized as ONE string, split where the answer starts, so that
+    `context_ids + answer_ids == ids(context + answer)`: the tokens the policy writes, not those of the answer
+    tokenized alone (ByteLevel gives `Ġ` + `Paris` for a leading-space answer alone, `ĠParis` in the whole).
+    A token that straddles the boundary goes to the answer."""
+    encoded = tokenizer(context + answer, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    cut = next((n for n, (_, end) in enumerate(offsets) if end > len(context)), len(ids))
+    return list(ids[:cut]), list(ids[cut:])
+
+
 def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list[QSample]:
     """The configured subsample (`spread_subsample`, seeded by `cfg.seed`), each search with its `q_candidates`
-    best-scored candidates; short x + d + y* sequences (the doc cut to `q_doc_tokens`)."""
+    best-scored candidates; short x + d + y* sequences (the doc cut to `q_doc_tokens`), each tokenized as the one
+    string the policy would have written (`split_ids`).
+
+    Only sampled searches: a greedy (served) search has no sampling distribution over its candidates, so neither
+    Q_theta's prior nor g's p_phi would be the distribution that chose its documents."""
+    sampled = [s if s.behaviour_logprob is not None else None for s in searches]
     out: list[QSample] = []
-    for s in spread_subsample(records, searches, cfg.q_steps, cfg.seed):
+    for s in spread_subsample(records, sampled, cfg.q_steps, cfg.seed):
         search = searches[s]
         record = records[search.trajectory]
         top = torch.argsort(search.deployed_scores, descending=True)[: cfg.q_candidates].tolist()
         prompt = record.prompt  # exactly what the policy was shown
-        contexts = []
+        contexts, answers = [], []
+        answer = f" {record.golden_answers[0]} </answer>"  # the warm start's `<answer> X </answer>`
         for c in top:
             title, text = docs[search.candidate_ids[c]]
             text_ids = tokenizer(text, add_special_tokens=False)["input_ids"][: cfg.q_doc_tokens]
             observation = format_information([(title, tokenizer.decode(text_ids))])
-            context = f"{prompt}<search> {search.query} </search>{observation}<answer> "
-            contexts.append(tokenizer(context, add_special_tokens=False)["input_ids"])
-        answer_ids = tokenizer(f"{record.golden_answers[0]} </answer>", add_special_tokens=False)["input_ids"]
+            context_ids, answer_ids = split_ids(
+                tokenizer, f"{prompt}<search> {search.query} </search>{observation}<answer>", answer
+            )
+            contexts.append(context_ids)
+            answers.append(answer_ids)
+        if any(a != answers[0] for a in answers):  # the context ends on `<answer>` for every candidate
+            raise ValueError(f"y* tokenizes differently after different candidates: {answers}")
+        answer_ids = answers[0]
         log_prior = torch.log_softmax(search.deployed_scores[top] / search.temperature, dim=-1)
         out.append(QSample(search=s, candidates=top, context_ids=contexts, answer_ids=answer_ids, log_prior=log_prior))
     return out

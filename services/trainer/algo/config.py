@@ -57,6 +57,14 @@ class AlgoConfig(BaseModel):
     retriever_lora_alpha: int = Field(16, ge=1)
     retriever_lr: float = Field(2e-5, gt=0, description="eta: Adam step size for the query tower (or its LoRA).")
     retriever_steps: int = Field(4, ge=1, le=64, description="K: steps for z and for phi per round.")
+    retriever_objective: Literal["both", "target", "credit"] = Field(
+        "both",
+        description="What phi descends: both (the paper's lower level, f_phi / lambda + g), the target g alone "
+        "(Q_theta, LM-supervised, REPLUG-style) or the retrieval credit f_phi alone; for ablations.",
+    )
+    retrieval_clip: float = Field(
+        0.2, gt=0, lt=1, description="epsilon of the retrieval credit's clipped ratio P_phi(D) / P_phi_old(D)."
+    )
     mu: float = Field(0.1, ge=0, description="Weight of KL(p_deployed || p_phi): stay near the live retriever.")
     beta_q: float = Field(1.0, gt=0, description="Temperature of Q_theta(d) ∝ exp(log pi(y*|x,d) / beta_Q).")
     q_steps: int = Field(8, ge=1, le=256, description="Search steps per round that get a Q_theta target.")
@@ -69,10 +77,12 @@ class AlgoConfig(BaseModel):
     )
     # coupling
     gamma: float | None = Field(
-        None,
+        0.02,
         gt=0,
-        description="The paper's fixed penalty: phi minimises f + gamma g (our f / lambda + g), the correction has "
-        "weight gamma; sets lambda = gamma every round (the lambda schedule is then unused). The paper uses 0.02.",
+        description="The paper's fixed penalty (0.02, the regime where its estimators were measured): phi minimises "
+        "f + gamma g (our f / lambda + g), the correction has weight gamma; lambda = gamma every round. null: "
+        "lambda follows the schedule below, which the bridge and drop estimators refuse (their fidelity to "
+        "two-state was measured at a fixed gamma only; experiments/estimator_fidelity.py).",
     )
     lambda_init: float = Field(1.0, gt=0, description="lambda: penalty weight at round 0.")
     lambda_step: float = Field(0.5, ge=0, description="delta: lambda grows by this each round.")
@@ -84,6 +94,11 @@ class AlgoConfig(BaseModel):
     def _checks(self) -> AlgoConfig:
         if self.lambda_init > self.lambda_max:
             raise ValueError("lambda_init must not exceed lambda_max")
+        if self.gamma is None and self.algo == "bridge" and self.estimator != "two-state":
+            raise ValueError(
+                f"estimator {self.estimator!r} is measured only at a fixed gamma (the paper's 0.02): set gamma, or "
+                "use estimator='two-state' for a lambda schedule"
+            )
         if self.policy_rollouts == "fresh" and self.algo not in FRESH_ALGOS:
             raise ValueError(
                 f"policy_rollouts='fresh' needs a retriever step before the policy step ({', '.join(FRESH_ALGOS)}); "

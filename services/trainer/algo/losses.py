@@ -81,16 +81,33 @@ def grpo_loss(
 
 
 def retrieval_credit_loss(
-    chosen_logprobs: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor | None = None
-) -> torch.Tensor:
-    """phi-part of f: -mean_{i,t} w_{i,t} A_i * log P_phi(D_{i,t} | q_{i,t}, C_{i,t}); one row per search step.
+    chosen_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """phi-part of f as a clipped surrogate (PPO on the retrieval action), one row per sampled search:
 
+        ratio = P_phi(D | q, C) / P_phi_old(D | q, C)
+        -mean_{i,t} w_{i,t} min(ratio A_i, clip(ratio, 1 - eps_low, 1 + eps_high) A_i)
+
+    Its gradient at phi = phi_old is REINFORCE's, -mean w A grad log P_phi; past the clip it is 0, so K steps
+    on one batch cannot push a negative-advantage draw's log P down without limit as raw A log P_phi does.
     `weights`: truncated min(cap, P_phi_old(D) / P_behaviour(D)) per row, for draws the trainer did not make."""
     if chosen_logprobs.numel() == 0:
-        return chosen_logprobs.new_zeros(())
+        return chosen_logprobs.new_zeros(()), {}
+    ratio = torch.exp(chosen_logprobs - old_logprobs)  # (S,)
+    clipped_ratio = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    surrogate = torch.min(ratio * advantages, clipped_ratio * advantages)
     if weights is not None:
-        advantages = advantages * weights
-    return -(advantages * chosen_logprobs).mean()
+        surrogate = surrogate * weights
+    with torch.no_grad():
+        clipped = ((ratio < 1 - eps_low) & (advantages < 0)) | ((ratio > 1 + eps_high) & (advantages > 0))
+        stats = {"clip_ratio/retrieval": float(clipped.float().mean()), "ratio/retrieval_mean": float(ratio.mean())}
+    return -surrogate.mean(), stats
 
 
 def q_target(answer_logprobs: torch.Tensor, beta_q: float, log_prior: torch.Tensor | None = None) -> torch.Tensor:

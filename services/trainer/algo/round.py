@@ -61,15 +61,23 @@ def retrieval_tis(batch: RoundBatch, cap: float) -> dict[int, float]:
     }
 
 
-def retrieval_credit(encoder, retriever, batch: RoundBatch, cap: float = 2.0) -> torch.Tensor:
-    """f's phi-part: -mean w A_i log P_phi(D | q, C) by Plackett–Luce over the candidates."""
-    weights = retrieval_tis(batch, cap)
+def retrieval_credit(
+    encoder, retriever, batch: RoundBatch, cfg: AlgoConfig, stats: dict[str, float] | None = None
+) -> torch.Tensor:
+    """f's phi-part: the clipped surrogate on P_phi(D | q, C) / P_phi_old(D | q, C) by Plackett–Luce over the
+    candidates, times the truncated importance weight of the service's draw; its clip stats go to `stats`."""
+    weights = retrieval_tis(batch, cfg.tis_cap)
     if not weights:
         return torch.zeros(())
     logps = candidate_logps(encoder, retriever, batch)
     chosen = torch.stack([plackett_luce_logprob_torch(logps[n], batch.searches[n].chosen) for n in weights])
+    old = torch.tensor([batch.searches[n].old_logprob for n in weights], dtype=chosen.dtype)
     advantages = torch.stack([batch.advantages[batch.searches[n].trajectory] for n in weights])
-    return retrieval_credit_loss(chosen, advantages, torch.tensor(list(weights.values())))
+    loss, credit_stats = retrieval_credit_loss(chosen, old, advantages, torch.tensor(list(weights.values())),
+                                               eps_low=cfg.retrieval_clip, eps_high=cfg.retrieval_clip)  # fmt: skip
+    if stats is not None:
+        stats.update(credit_stats)
+    return loss
 
 
 def score_old_retrieval(retriever: RetrieverModel, batch: RoundBatch, cap: float) -> dict[str, float]:
@@ -264,10 +272,17 @@ def combine(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | No
 
 # ----------------------------------------------------------------------------- the round
 def upper_phi_loss(
-    phi: SentenceEncoder, retriever: RetrieverModel, batch: RoundBatch, q_theta: torch.Tensor, cfg, lam: float
-) -> torch.Tensor:
-    """f_phi / lambda + g(phi; theta): the retriever's objective when it adapts to the policy."""
-    return retrieval_credit(phi, retriever, batch, cfg.tis_cap) / lam + lower_loss(phi, retriever, batch, q_theta, cfg)
+    phi: SentenceEncoder, retriever: RetrieverModel, batch: RoundBatch, q_theta: torch.Tensor, cfg, lam: float,
+    stats: dict[str, float] | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """f_phi / lambda + g(phi; theta): the retriever's objective when it adapts to the policy. Each part can be
+    switched off (`cfg.retriever_objective`) to train the lower level on the target or the credit alone."""
+    loss = torch.zeros(())
+    if cfg.retriever_objective in ("both", "credit"):
+        loss = loss + retrieval_credit(phi, retriever, batch, cfg, stats) / lam
+    if cfg.retriever_objective in ("both", "target"):
+        loss = loss + lower_loss(phi, retriever, batch, q_theta, cfg)
+    return loss
 
 
 def timed_q(policy: PolicyModel, batch: RoundBatch, cfg: AlgoConfig, stats: dict[str, float]) -> torch.Tensor:
@@ -295,8 +310,8 @@ def retriever_phase(
             cfg.retriever_steps,
         )  # fmt: skip
     stats["loss/retriever"], stats["grad_norm/retriever"] = descend(
-        optim.get("phi", retriever.trainable(phi)), lambda: upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam),
-        cfg.retriever_steps,
+        optim.get("phi", retriever.trainable(phi)),
+        lambda: upper_phi_loss(phi, retriever, batch, q_theta, cfg, lam, stats), cfg.retriever_steps,
     )  # fmt: skip
     if cfg.algo != "bridge" or cfg.estimator == "bridge" or not batch.q_samples:
         return stats, None
@@ -368,7 +383,8 @@ def retriever_after(ctx: RoundContext) -> None:
     q_theta = timed_q(ctx.policy, ctx.batch, ctx.cfg, ctx.stats)
     ctx.stats["loss/retriever"], ctx.stats["grad_norm/retriever"] = descend(
         ctx.optim.get("phi", ctx.retriever.trainable(phi)),
-        lambda: upper_phi_loss(phi, ctx.retriever, ctx.batch, q_theta, ctx.cfg, ctx.lam), ctx.cfg.retriever_steps,
+        lambda: upper_phi_loss(phi, ctx.retriever, ctx.batch, q_theta, ctx.cfg, ctx.lam, ctx.stats),
+        ctx.cfg.retriever_steps,
     )  # fmt: skip
 
 
@@ -380,7 +396,7 @@ def simultaneous(ctx: RoundContext) -> None:
     q_theta = timed_q(policy, batch, cfg, ctx.stats)
     phi_optimizer = ctx.optim.get("phi", retriever.trainable(phi))
     phi_optimizer.zero_grad()
-    retriever_loss = upper_phi_loss(phi, retriever, batch, q_theta, cfg, 1.0)
+    retriever_loss = upper_phi_loss(phi, retriever, batch, q_theta, cfg, 1.0, ctx.stats)
     if retriever_loss.requires_grad:
         retriever_loss.backward()
     ctx.stats["loss/retriever"] = float(retriever_loss.detach())

@@ -45,6 +45,6 @@ def test_update_size_flags_reach_every_algorithms_run_config():
         assert (config.rounds, config.reward, config.dataset) == (7, "em-format", "nq")
     defaults = run_config(build_parser().parse_args(["--data-dir", "d", "--qa-dir", "q"]), "bridge")
     assert (defaults.algo.policy_steps, defaults.algo.policy_lr) == (1, 1e-4)  # the paper's single step
-    assert defaults.algo.gamma is None and defaults.algo.next_lambda(1.0) == 1.5  # bridge's growing schedule
+    assert defaults.algo.gamma == 0.02 and defaults.algo.next_lambda(0.02) == 0.02  # the paper's fixed gamma
     held = run_config(build_parser().parse_args(["--data-dir", "d", "--qa-dir", "q", "--gamma", "1"]), "bridge")
     assert held.algo.initial_lambda == held.algo.next_lambda(1.0) == 1.0  # alt-rp's update, as bridge

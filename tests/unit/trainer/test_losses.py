@@ -81,12 +81,37 @@ def test_grpo_kl_to_reference_is_zero_at_the_reference():
     assert stats["kl/mean"] == 0.0
 
 
-def test_retrieval_credit_sign():
+def test_retrieval_credit_is_reinforce_at_phi_old():
     chosen = torch.tensor([-1.0, -2.0], requires_grad=True)
-    loss = retrieval_credit_loss(chosen, torch.tensor([1.0, -1.0]))
+    loss, _ = retrieval_credit_loss(chosen, chosen.detach(), torch.tensor([1.0, -1.0]))
     loss.backward()
-    assert float(loss) == pytest.approx(-(1 * -1 + -1 * -2) / 2)
+    assert float(loss) == pytest.approx(-(1 * 1 + -1 * 1) / 2)  # ratio 1: -mean A
     assert torch.allclose(chosen.grad, torch.tensor([-0.5, 0.5]))  # raise the good one, lower the bad one
+
+
+def credit_ratios(loss_fn, steps: int = 64) -> list[float]:
+    """P_phi(D) / P_phi_old(D) after each of `steps` Adam steps on one batch whose only draw has A = -1."""
+    logits = torch.zeros(5, requires_grad=True)  # p_phi over 5 candidates; the draw is candidate 0
+    old = torch.log_softmax(logits, -1)[:1].detach()
+    optimizer = torch.optim.Adam([logits], lr=0.1)
+    ratios = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss_fn(torch.log_softmax(logits, -1)[:1], old, torch.tensor([-1.0])).backward()
+        optimizer.step()
+        ratios.append(float(torch.exp(torch.log_softmax(logits, -1)[0] - old[0])))
+    return ratios
+
+
+def test_retrieval_credit_is_bounded_under_many_steps_of_a_negative_advantage():
+    """Raw A log P drives the draw's probability to ~0 in 64 steps; the clipped surrogate's gradient is 0 once the
+    ratio passes 1 - eps, so it stops (Adam's momentum carries it a little further, as in PPO) and stays."""
+    raw = credit_ratios(lambda logp, old, adv: -(adv * logp).mean())
+    clipped = credit_ratios(lambda logp, old, adv: retrieval_credit_loss(logp, old, adv)[0])
+    assert raw[-1] < 1e-4
+    assert clipped[-1] > 0.15 and abs(clipped[-1] - clipped[-16]) < 0.01  # converged, far from 0
+    _, stats = retrieval_credit_loss(torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-1.0]))
+    assert stats["clip_ratio/retrieval"] == 1.0
 
 
 def test_lower_level_loss_is_zero_when_p_matches_q():

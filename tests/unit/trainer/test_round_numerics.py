@@ -199,10 +199,15 @@ def test_estimators(dirs, estimator, has_z, has_coupling):
     assert all(math.isfinite(v) for v in stats.values()), stats
 
 
-def test_gamma_fixes_lambda():
-    cfg = AlgoConfig(gamma=0.02)
+def test_the_default_is_the_papers_fixed_gamma_and_bridge_refuses_an_unmeasured_schedule():
+    cfg = AlgoConfig()
+    assert (cfg.algo, cfg.estimator, cfg.gamma) == ("bridge", "bridge", 0.02)
     assert cfg.initial_lambda == 0.02 and cfg.next_lambda(0.02) == 0.02
-    assert AlgoConfig().next_lambda(1.0) == 1.5
+    for estimator in ("bridge", "drop"):
+        with pytest.raises(ValueError, match="fixed gamma"):
+            AlgoConfig(gamma=None, estimator=estimator)
+    assert AlgoConfig(gamma=None, estimator="two-state").next_lambda(1.0) == 1.5  # the schedule, where it is exact
+    assert AlgoConfig(algo="alt-rp", gamma=None).next_lambda(1.0) == 1.0
 
 
 def test_retriever_lora_trains_only_the_adapter_and_saves_a_merged_tower(dirs, tmp_path):
@@ -258,3 +263,33 @@ def test_batched_answer_logprobs_match_per_sequence(dirs):
         (value * weights).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-4, rtol=1e-3)
+
+
+def test_q_theta_scores_the_tokens_the_policy_writes(dirs):
+    """x + d and y* are tokenized as one string: ids(context + answer) == context_ids + answer_ids, and y* is
+    what a warm-started policy writes after `<answer>` (`ĠParis`, not `Ġ` + `Paris`)."""
+    policy, retriever = models(dirs)
+    tok = policy.tokenizer
+    batch = build_batch(make_records(policy, retriever), config(algo="bridge"), tok, DOCS)
+    assert batch.q_samples
+    for q in batch.q_samples:
+        record = batch.records[batch.searches[q.search].trajectory]
+        answer = f" {record.golden_answers[0]} </answer>"
+        for context_ids in q.context_ids:
+            whole = tok(tok.decode(context_ids) + answer, add_special_tokens=False)["input_ids"]
+            assert whole == context_ids + q.answer_ids
+        written = tok(f"<answer> {record.golden_answers[0]} </answer>", add_special_tokens=False)["input_ids"]
+        assert written[-len(q.answer_ids) :] == q.answer_ids
+
+
+def test_greedy_searches_stay_out_of_q_and_g(dirs):
+    """A served (greedy) search has no sampling distribution over its candidates: no Q sample, no credit row."""
+    policy, retriever = models(dirs)
+    records = make_records(policy, retriever)
+    for record in records[:2]:  # the first question's group served greedily
+        step = record.turns[0].search
+        step.mode, step.logprob, step.temperature = "greedy", None, 1.0
+    batch = build_batch(records, config(algo="bridge", q_steps=8), policy.tokenizer, DOCS)
+    greedy = {n for n, s in enumerate(batch.searches) if s.behaviour_logprob is None}
+    assert len(greedy) == 2 and batch.q_samples
+    assert not greedy & {q.search for q in batch.q_samples}
