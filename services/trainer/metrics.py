@@ -8,18 +8,19 @@ the same numbers, nothing is lost when a worker restarts, and no multiprocess di
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from wsgiref.simple_server import make_server
 
 import numpy as np
-from prometheus_client import CollectorRegistry, make_wsgi_app
+import uvicorn
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
-from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -95,25 +96,50 @@ class RunMetricsCollector(Collector):
         yield from (losses, rounds, status, versions)
 
 
-def serve_metrics(runs_dir: Path, port: int, host: str = "127.0.0.1") -> bool:
+PORTS_TRIED = 32  # the configured port and the next ones: one each for the workers of one host
+
+
+def _listen(host: str, port: int) -> socket.socket | None:
+    """A socket listening on the first free port of port, port + 1, ... (PORTS_TRIED of them); None if all are
+    taken. Bound here, so two workers starting together never pick the same one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for candidate in range(port, min(port + PORTS_TRIED, 65536)):
+        try:
+            return socket.create_server((host, candidate), family=family)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    return None
+
+
+def serve_metrics(runs_dir: Path, port: int, host: str = "127.0.0.1") -> int | None:
     """Serve /metrics, and the read-only runs API (/v1/runs, services/trainer/runs_api.py), from a daemon thread
-    of this process; port 0 disables. A port already taken is logged and skipped: metrics never keep a worker
-    from training."""
-    from services.trainer.runs_api import runs_app
+    of this process, on `port` or, when another worker of this host holds it, the next free one (logged: every
+    worker reports the same numbers, read from the runs folder). Returns the port; None when off (port 0) or not
+    served, which is logged too: metrics never keep a worker from training."""
+    from services.trainer.runs_api import build_app
 
     if not port:
-        return False
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunMetricsCollector(runs_dir))
+        return None
     try:
-        server = make_server(host, port, runs_app(runs_dir, make_wsgi_app(registry)), ThreadingWSGIServer,
-                             handler_class=_SilentHandler)  # fmt: skip
+        sock = _listen(host, port)
     except OSError as exc:
         log.warning("worker metrics not served on %s:%d: %s", host, port, exc)
-        return False
-    threading.Thread(target=server.serve_forever, daemon=True, name="metrics-http").start()
-    log.info("worker metrics on http://%s:%d/metrics, runs on /v1/runs", host, port)
-    return True
+        return None
+    if sock is None:
+        log.warning("worker metrics not served: ports %d-%d of %s are all taken", port, port + PORTS_TRIED - 1, host)
+        return None
+    served = sock.getsockname()[1]
+    if served != port:
+        log.warning("worker metrics port %d is taken (another worker on this host?): serving on %d", port, served)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunMetricsCollector(runs_dir))
+    # log_config=None: uvicorn leaves the worker's logging as Celery set it up.
+    config = uvicorn.Config(build_app(runs_dir, registry), log_config=None, access_log=False, log_level="warning")
+    threading.Thread(target=uvicorn.Server(config).run, kwargs={"sockets": [sock]}, daemon=True,
+                     name="metrics-http").start()  # fmt: skip
+    log.info("worker metrics on http://%s:%d/metrics, runs on /v1/runs", host, served)
+    return served
 
 
 # ----------------------------------------------------------------------------- a round's rollout metrics

@@ -3,7 +3,7 @@
 Runs live in the trainer's runs folder (`state.json` + `metrics.jsonl` per run), which only the trainer reads and
 writes; the services never see it. So the JSON views of runs are served by the trainer too, from the same
 process and port as its Prometheus metrics, rather than by a service that would have to share the folder.
-A plain WSGI app: no framework beyond what prometheus_client already runs.
+A FastAPI app (`build_app`) with the services' error envelope (services/common/errors.py).
 """
 
 from __future__ import annotations
@@ -11,12 +11,16 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Annotated
 
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from services.common.errors import NotFound, error_body, install_error_handlers
 from services.common.schemas.runs import RunDetail, RunList, RunSummary
 
-_RUN = re.compile(r"^/v1/runs/([A-Za-z0-9][A-Za-z0-9_-]{0,63})$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 def _finite(row: dict) -> dict:
@@ -75,26 +79,47 @@ def run_detail(runs_dir: Path, run_id: str) -> RunDetail | None:
     return RunDetail(summary=_summary(state, rows[-1] if rows else None), config=state["config"], metrics=rows)
 
 
-def runs_app(runs_dir: Path, fallback: Callable) -> Callable:
-    """WSGI: `GET /v1/runs`, `GET /v1/runs/{run_id}` as JSON; anything else goes to `fallback` (/metrics)."""
+def _runs_dir(request: Request) -> Path:
+    return request.app.state.runs_dir
 
-    def respond(start_response, status: str, body: str) -> Iterable[bytes]:
-        data = body.encode()
-        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
-        return [data]
 
-    def app(environ, start_response):
-        path = environ.get("PATH_INFO", "")
-        if not path.startswith("/v1/runs"):
-            return fallback(environ, start_response)
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-            return respond(start_response, "405 Method Not Allowed", json.dumps({"detail": "read-only: GET"}))
-        if path.rstrip("/") == "/v1/runs":
-            return respond(start_response, "200 OK", list_runs(runs_dir).model_dump_json())
-        match = _RUN.match(path)
-        detail = run_detail(runs_dir, match.group(1)) if match else None
-        if detail is None:
-            return respond(start_response, "404 Not Found", json.dumps({"detail": f"no run at {path}"}))
-        return respond(start_response, "200 OK", detail.model_dump_json())
+def _registry(request: Request) -> CollectorRegistry:
+    return request.app.state.registry
 
+
+RunsDir = Annotated[Path, Depends(_runs_dir)]
+Registry = Annotated[CollectorRegistry, Depends(_registry)]
+_NOT_FOUND = {404: {"description": "No such run", "content": {"application/json": {"example": error_body(
+    404, "not_found", "no run at /v1/runs/nope")}}}}  # fmt: skip
+router = APIRouter()
+
+
+@router.api_route("/v1/runs", methods=["GET", "HEAD"])
+def runs(runs_dir: RunsDir) -> RunList:
+    """Every run in the runs folder, most recently changed first, with its latest round's metrics."""
+    return list_runs(runs_dir)
+
+
+@router.api_route("/v1/runs/{run_id}", methods=["GET", "HEAD"], responses=_NOT_FOUND)
+def run(run_id: str, runs_dir: RunsDir) -> RunDetail:
+    """One run: its summary, config and every round's metrics row."""
+    detail = run_detail(runs_dir, run_id) if _RUN_ID.match(run_id) else None
+    if detail is None:
+        raise NotFound(f"no run at /v1/runs/{run_id}", param="run_id")
+    return detail
+
+
+@router.get("/metrics")
+def metrics(registry: Registry) -> Response:
+    """The runs' latest round metrics, Prometheus text format."""
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def build_app(runs_dir: Path, registry: CollectorRegistry) -> FastAPI:
+    """`GET /v1/runs`, `GET /v1/runs/{run_id}` as JSON and `GET /metrics` (what `registry` collects)."""
+    app = FastAPI(title="BRIDGE trainer runs", version="1")
+    app.state.runs_dir = runs_dir
+    app.state.registry = registry
+    install_error_handlers(app)
+    app.include_router(router)
     return app

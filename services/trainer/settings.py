@@ -43,7 +43,11 @@ class TrainerSettings(CommonSettings):
         "bridge", description="Celery queue of this deployment's workers (isolates deployments that share a Redis)."
     )
     metrics_port: int = Field(
-        9108, ge=0, le=65535, description="Serve the runs' latest round metrics (prometheus /metrics) here; 0: off."
+        9108,
+        ge=0,
+        le=65535,
+        description="Serve the runs' latest round metrics (prometheus /metrics) here; 0: off. Held by another "
+        "worker of this host: the next free port (logged).",
     )
     metrics_host: str = Field("127.0.0.1", description="Bind address of the metrics endpoint (0.0.0.0 in compose).")
     retry_max: int = Field(

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import socket
 
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.trainer import metrics
 from services.trainer.metrics import RunMetricsCollector, last_line, serve_metrics
 from tests.conftest import free_port
 
@@ -75,11 +78,25 @@ def test_last_line_reads_long_files_from_the_end(tmp_path):
     assert json.loads(last_line(path))["round"] == 0
 
 
-def test_served_over_http_and_a_taken_port_is_skipped(tmp_path):
+def test_served_over_http_and_a_second_worker_takes_the_next_free_port_and_says_so(tmp_path, caplog):
     write_run(tmp_path, "a", "bridge", [row(0, 0.5)])
     port = free_port()
-    assert serve_metrics(tmp_path, port)
-    body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    assert 'bridge_trainer_reward_mean{algo="bridge",run_id="a"} 0.5' in body
-    assert not serve_metrics(tmp_path, port)  # already bound: logged, the worker carries on
-    assert not serve_metrics(tmp_path, 0)
+    assert serve_metrics(tmp_path, port) == port
+    with caplog.at_level(logging.INFO, logger="services.trainer.metrics"):
+        second = serve_metrics(tmp_path, port)  # a second worker on this host, same settings
+    assert second is not None and second > port
+    assert f"port {port} is taken (another worker on this host?): serving on {second}" in caplog.text
+    for served in (port, second):  # both answer, with the same numbers (read from the runs folder)
+        body = httpx.get(f"http://127.0.0.1:{served}/metrics", timeout=10).text
+        assert 'bridge_trainer_reward_mean{algo="bridge",run_id="a"} 0.5' in body
+        assert httpx.get(f"http://127.0.0.1:{served}/v1/runs", timeout=10).status_code == 200  # the runs API too
+    assert serve_metrics(tmp_path, 0) is None
+
+
+def test_no_free_port_is_logged_and_the_worker_carries_on(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(metrics, "PORTS_TRIED", 1)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with caplog.at_level(logging.WARNING, logger="services.trainer.metrics"):
+            assert serve_metrics(tmp_path, port) is None
+    assert f"ports {port}-{port} of 127.0.0.1 are all taken" in caplog.text

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import json
-from wsgiref.util import setup_testing_defaults
 
-from services.trainer.runs_api import list_runs, run_detail, runs_app
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry, Counter
+
+from services.trainer.runs_api import build_app, list_runs, run_detail
 
 
 def write_run(runs_dir, run_id: str, rows: list[dict], status: str = "running") -> None:
@@ -16,14 +17,6 @@ def write_run(runs_dir, run_id: str, rows: list[dict], status: str = "running") 
               "algo": {"algo": "bridge", "estimator": "two-state"}}  # fmt: skip
     (folder / "state.json").write_text(json.dumps({"config": config, "status": status, "next_round": len(rows)}))
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"round": 9, "tor')
-
-
-def call(app, path: str, method: str = "GET") -> tuple[str, dict]:
-    environ = {"PATH_INFO": path, "REQUEST_METHOD": method, "wsgi.input": io.BytesIO()}
-    setup_testing_defaults(environ)
-    status = []
-    body = b"".join(app(environ, lambda s, headers: status.append(s)))
-    return status[0], json.loads(body)
 
 
 def test_runs_and_their_rounds_as_json(tmp_path):
@@ -39,19 +32,24 @@ def test_runs_and_their_rounds_as_json(tmp_path):
     assert run_detail(tmp_path, "nope") is None
 
 
-def test_wsgi_routes_and_the_metrics_fallback(tmp_path):
+def test_routes_errors_in_the_envelope_and_the_metrics(tmp_path):
     write_run(tmp_path, "r-2", [{"round": 0, "reward/mean": 1.0}], status="done")
-
-    def metrics(environ, start_response):
-        start_response("200 OK", [("Content-Type", "application/json")])
-        return [b'{"metrics": true}']
-
-    app = runs_app(tmp_path, metrics)
-    status, body = call(app, "/v1/runs")
-    assert status == "200 OK" and body["runs"][0]["status"] == "done"
-    status, body = call(app, "/v1/runs/r-2")
-    assert status == "200 OK" and body["summary"]["run_id"] == "r-2" and len(body["metrics"]) == 1
-    assert call(app, "/v1/runs/../state")[0] == "404 Not Found"
-    assert call(app, "/v1/runs/missing")[0] == "404 Not Found"
-    assert call(app, "/v1/runs", method="POST")[0] == "405 Method Not Allowed"
-    assert call(app, "/metrics") == ("200 OK", {"metrics": True})
+    registry = CollectorRegistry()
+    Counter("bridge_test_scrapes", "a metric of the registry", registry=registry).inc()
+    client = TestClient(build_app(tmp_path, registry))
+    response = client.get("/v1/runs")
+    assert response.status_code == 200 and response.json()["runs"][0]["status"] == "done"
+    body = client.get("/v1/runs/r-2").json()
+    assert body["summary"]["run_id"] == "r-2" and len(body["metrics"]) == 1
+    assert client.head("/v1/runs/r-2").status_code == 200
+    outside = client.get("/v1/runs/../state")  # no route: 404, in the envelope too
+    assert outside.status_code == 404 and outside.json()["error"]["code"] == "404"
+    for path in ("/v1/runs/.hidden", "/v1/runs/missing", "/v1/runs/" + "x" * 65):
+        response = client.get(path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["type"] == "not_found" and "no run at" in response.json()["detail"]
+    refused = client.post("/v1/runs")
+    assert refused.status_code == 405 and refused.json()["error"]["code"] == "405"  # read-only
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    assert "bridge_test_scrapes_total 1.0" in metrics.text
