@@ -14,20 +14,24 @@ DEBUG_ENV = "BRIDGE_DEBUG"
 
 
 class _App(typer.Typer):
-    """A service's refusal (or a service that cannot be reached) is one line on stderr and exit status 1, not a
-    traceback; `bridge-rl --debug ...` (or BRIDGE_DEBUG=1) shows the traceback."""
+    """A service's refusal (or a service that cannot be reached, or a part of the stack that `up` cannot start) is
+    one line on stderr and exit status 1, not a traceback; `bridge-rl --debug ...` (or BRIDGE_DEBUG=1) shows the
+    traceback."""
 
     def __call__(self, *args, **kwargs):
         import httpx
 
+        from services.cli.launcher import LaunchError
         from services.common.clients.base import ServiceError
 
         try:
             return super().__call__(*args, **kwargs)
-        except (ServiceError, httpx.TransportError) as exc:
+        except (ServiceError, httpx.TransportError, LaunchError) as exc:
             if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
                 raise
-            if isinstance(exc, ServiceError):
+            if isinstance(exc, LaunchError):
+                message = str(exc)
+            elif isinstance(exc, ServiceError):
                 message = f"refused ({exc.status_code}): {exc.detail}"
             else:
                 where = exc.request.url if getattr(exc, "_request", None) is not None else "the service"

