@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from services.cli.admin import POLICY_URL, POLICY_URL_ENV, RETRIEVER_URL, RETRIEVER_URL_ENV, Token, admin_token
 from services.cli.app import app
 
 
@@ -102,10 +103,11 @@ def evaluate(
     ] = None,
     policy: Annotated[str | None, typer.Option(help="Serve this policy version while evaluating.")] = None,
     retriever: Annotated[str | None, typer.Option(help="Serve this retriever version while evaluating.")] = None,
-    url: Annotated[str, typer.Option(help="Policy service base URL.")] = "http://127.0.0.1:8000",
-    retriever_url: Annotated[str, typer.Option(help="Retriever base URL (for --retriever).")] = (
-        "http://127.0.0.1:8001"
-    ),
+    url: Annotated[str, typer.Option(envvar=POLICY_URL_ENV, help="Policy service base URL.")] = POLICY_URL,
+    retriever_url: Annotated[
+        str, typer.Option(envvar=RETRIEVER_URL_ENV, help="Retriever base URL (for --retriever).")
+    ] = RETRIEVER_URL,
+    token: Token = None,
     qa_dir: Annotated[
         Path | None, typer.Option(help="Question files <dataset>.jsonl (default BRIDGE_TRAINER_QA_DIR).")
     ] = None,
@@ -124,7 +126,6 @@ def evaluate(
 
     from services.common.clients.policy import PolicyClient
     from services.common.clients.retriever import RetrieverClient
-    from services.common.settings import CommonSettings
     from services.eval.datasets import load_items, resolve
     from services.eval.pinning import pinned
     from services.eval.report import read_results, write_report
@@ -172,7 +173,7 @@ def evaluate(
             "qa_dir": str(qa)}  # fmt: skip
     sizes = ", ".join(f"{d} {len(items[d])}" for d in datasets)
     typer.echo(f"{len(work)} to ask, {len(done)} already done ({sizes}) x {modes} -> {out}")
-    token = CommonSettings().resolve_admin_token() if (policy or retriever) else None
+    token = admin_token(token) if (policy or retriever) else None  # pinning a version is an admin call
     results_file = (out / "results.jsonl").open("w")  # rewritten whole: a torn last line must not stay
     results_file.writelines(r.model_dump_json() + "\n" for r in done)
 

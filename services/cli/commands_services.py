@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from services.cli.admin import RETRIEVER_URL, RetrieverUrl, Token
 from services.cli.app import _echo_json, app
 
 
@@ -63,18 +64,23 @@ def serve(
 def ingest(
     files: Annotated[
         list[Path],
-        typer.Argument(help="Corpus JSONL files: one {id, title, text} per line.", exists=True, dir_okay=False),
+        typer.Argument(
+            help="Corpus JSONL files: one {id, title, text} per line, or Search-R1's {id, contents} (the title on "
+            "the first line of contents).",
+            exists=True,
+            dir_okay=False,
+        ),
     ],
-    url: Annotated[str, typer.Option(help="Retriever base URL.")] = "http://127.0.0.1:8001",
+    url: RetrieverUrl = RETRIEVER_URL,
+    token: Token = None,
     batch_size: Annotated[int, typer.Option(min=1, max=1024, help="Documents per request.")] = 128,
 ) -> None:
     """Stream corpora into the retriever (re-runnable: unchanged documents are skipped)."""
+    from services.cli.admin import admin_token
     from services.cli.ingest import ingest_file
     from services.common.clients.retriever import RetrieverClient
-    from services.common.settings import CommonSettings
 
-    token = CommonSettings().resolve_admin_token()
-    with RetrieverClient(url, admin_token=token, timeout=600) as client:
+    with RetrieverClient(url, admin_token=admin_token(token), timeout=600) as client:
         for path in files:
             _echo_json(ingest_file(client, path, batch_size=batch_size))
 

@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,38 +23,79 @@ log = logging.getLogger(__name__)
 
 
 class CommonSettings(BaseSettings):
-    """Where data lives and how the processes find each other (`BRIDGE_*`, `REDIS_URL`, `QDRANT_URL`)."""
+    """Where data lives and how the processes find each other (`BRIDGE_*`, `REDIS_URL`, `QDRANT_URL`).
+
+    Only `BRIDGE_*` variables configure BRIDGE (besides the two conventional URLs): an unprefixed `DATA_DIR`,
+    `ADMIN_TOKEN`, `ENVIRONMENT` or `CHECKPOINT_DIR`, set for some other program, is ignored. Keyword arguments
+    take the field names (`CommonSettings(data_dir=...)`)."""
 
     model_config = SettingsConfigDict(env_prefix="BRIDGE_", extra="ignore", populate_by_name=True)
 
-    # Explicit aliases: a service's own prefix (BRIDGE_RETRIEVER_...) must not hide the shared variables.
+    # Explicit aliases: a service's own prefix (BRIDGE_RETRIEVER_...) must not hide the shared variables. Only the
+    # BRIDGE_ name: an alias without the prefix would be read from the environment too, case-insensitively.
     data_dir: Path = Field(
         DEFAULT_DATA_DIR,
-        validation_alias=AliasChoices("BRIDGE_DATA_DIR", "data_dir"),
+        validation_alias=AliasChoices("BRIDGE_DATA_DIR"),
         description="Root of models, indexes, checkpoints and logs.",
     )
     admin_token: str | None = Field(
         None,
-        validation_alias=AliasChoices("BRIDGE_ADMIN_TOKEN", "admin_token"),
-        description="Bearer token for admin endpoints; generated into the data dir when unset.",
+        validation_alias=AliasChoices("BRIDGE_ADMIN_TOKEN"),
+        description="Bearer token for admin endpoints; a server generates it into the data dir when unset.",
     )
     checkpoint_dir: Path | None = Field(
         None,
-        validation_alias=AliasChoices("BRIDGE_CHECKPOINT_DIR", "checkpoint_dir"),
+        validation_alias=AliasChoices("BRIDGE_CHECKPOINT_DIR"),
         description="Checkpoint root shared by the trainer and both services (default <data_dir>/checkpoints).",
     )
     redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
     qdrant_url: str | None = Field(None, validation_alias=AliasChoices("QDRANT_URL", "qdrant_url"))
     environment: str = Field(
         "development",
-        validation_alias=AliasChoices("BRIDGE_ENVIRONMENT", "environment"),
+        validation_alias=AliasChoices("BRIDGE_ENVIRONMENT"),
         description="'production' refuses a missing admin token.",
+    )
+    # The retriever's encoder (both towers, in the retriever service and the trainer alike). Unset: the preset of
+    # the model folder (services/modeling/encoder.py: e5, BGE or MiniLM, from its name or sentence-transformers
+    # files). An empty prefix is an explicit "none".
+    encoder_query_prefix: str | None = Field(
+        None,
+        validation_alias=AliasChoices("BRIDGE_ENCODER_QUERY_PREFIX"),
+        description="Put before every query (e5: 'query: '; BGE: its instruction). Default: the model's preset.",
+    )
+    encoder_passage_prefix: str | None = Field(
+        None,
+        validation_alias=AliasChoices("BRIDGE_ENCODER_PASSAGE_PREFIX"),
+        description="Put before every passage (e5: 'passage: '). Default: the model's preset.",
+    )
+    encoder_pooling: Literal["mean", "cls"] | None = Field(
+        None, validation_alias=AliasChoices("BRIDGE_ENCODER_POOLING"), description="Default: the model's preset."
+    )
+    encoder_normalize: bool | None = Field(
+        None,
+        validation_alias=AliasChoices("BRIDGE_ENCODER_NORMALIZE"),
+        description="L2-normalise the vectors. Default: the model's preset.",
     )
 
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @property
+    def encoder_overrides(self) -> dict[str, str | bool]:
+        """The encoder settings that were set, as keyword arguments of `SentenceEncoder.from_pretrained`."""
+        given = {
+            "query_prefix": self.encoder_query_prefix,
+            "passage_prefix": self.encoder_passage_prefix,
+            "pooling": self.encoder_pooling,
+            "normalize": self.encoder_normalize,
+        }
+        return {name: value for name, value in given.items() if value is not None}
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.data_dir / "admin_token"
 
     @property
     def models_dir(self) -> Path:
@@ -82,13 +124,23 @@ class CommonSettings(BaseSettings):
         merged = self.warmstart_policy_model_dir
         return merged if (merged / "config.json").exists() else self.base_policy_model_dir
 
+    def stored_admin_token(self) -> str | None:
+        """A client's token: the configured one, else the one a server on this host keeps in
+        `<data_dir>/admin_token`, else None. Never creates the file (a token made up here would only get a 403)."""
+        if self.admin_token:
+            return self.admin_token
+        path = self.admin_token_file
+        return (path.read_text().strip() or None) if path.exists() else None
+
     def resolve_admin_token(self) -> str:
-        """The configured token, else one generated once and kept in `<data_dir>/admin_token` (mode 600)."""
+        """A server's token: the configured one, else one generated once and kept in `<data_dir>/admin_token`
+        (mode 600). Only a process that serves admin endpoints (or starts the services) calls this; clients call
+        `stored_admin_token`."""
         if self.admin_token:
             return self.admin_token
         if self.environment == "production":
             raise ValueError("BRIDGE_ADMIN_TOKEN must be set when BRIDGE_ENVIRONMENT=production")
-        path = self.data_dir / "admin_token"
+        path = self.admin_token_file
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")

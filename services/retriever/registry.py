@@ -123,9 +123,11 @@ class EncoderLoader(WeightsLoader[ActiveRetriever]):
                                    error=error)  # fmt: skip
 
     def base_encoder(self) -> SentenceEncoder:
+        """The base model, with the folder's encoder preset under the BRIDGE_ENCODER_* settings (both towers)."""
         return SentenceEncoder.from_pretrained(
-            self.base_dir, max_length=self.settings.max_length, dtype=self.settings.dtype
-        )
+            self.base_dir, max_length=self.settings.max_length, dtype=self.settings.dtype,
+            **self.settings.encoder_overrides,
+        )  # fmt: skip
 
     def _tower(self, folder: Path, name: str) -> SentenceEncoder:
         encoder = self.base_encoder()

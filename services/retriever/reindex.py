@@ -51,7 +51,7 @@ class ReindexJob:
             self.index.create_collection(target, doc_encoder.dim)
             for payloads in self.index.scroll(source, batch=256):
                 texts = [passage_text(p.get("title", ""), p["text"]) for p in payloads]
-                vectors = doc_encoder.encode(texts, batch_size=self.encode_batch_size)
+                vectors = doc_encoder.encode(texts, batch_size=self.encode_batch_size, kind="passage")
                 if not np.isfinite(vectors).all():  # the index would take them, and never find those passages
                     bad = int((~np.isfinite(vectors).all(axis=1)).sum())
                     raise ReembedFailed(

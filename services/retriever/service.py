@@ -97,7 +97,8 @@ class RetrieverService:
     # ---------------------------------------------------------------- search
     def _search_batch(self, active: ActiveRetriever, items: list[tuple[str, int, bool]]) -> list[list[Hit]]:
         """(query, limit, exact) items: one encoder forward for all, one index call per kind of search."""
-        vectors = active.query_encoder.encode([q for q, _, _ in items], batch_size=self.settings.encode_batch_size)
+        queries = [q for q, _, _ in items]
+        vectors = active.query_encoder.encode(queries, batch_size=self.settings.encode_batch_size, kind="query")
         hits: list[list[Hit]] = [[] for _ in items]
         for exact in (False, True):
             rows = [n for n, item in enumerate(items) if item[2] is exact]
@@ -159,7 +160,7 @@ class RetrieverService:
             payloads = [{"doc_id": d.id, "title": d.title, "text": d.text, "hash": content_hash(d)} for d in changed]
             texts = [passage_text(d.title, d.text) for d in changed]
             for collection, encoder in targets:
-                vectors = encoder.encode(texts, batch_size=self.settings.encode_batch_size)
+                vectors = encoder.encode(texts, batch_size=self.settings.encode_batch_size, kind="passage")
                 self.index.upsert(collection, vectors, payloads)
         return len(changed), len(unique) - len(changed)
 

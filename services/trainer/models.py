@@ -105,9 +105,13 @@ class RetrieverModel:
         params: str = "full",
         lora_rank: int = 8,
         lora_alpha: int = 16,
+        encoder_overrides: dict[str, str | bool] | None = None,
     ) -> None:
+        """`encoder_overrides`: the BRIDGE_ENCODER_* settings (`settings.encoder_overrides`), as the service has
+        them, for both towers."""
         self.params = params
-        self.query = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32")
+        overrides = encoder_overrides or {}
+        self.query = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32", **overrides)
         lora_file = query_weights.with_name(RETRIEVER_LORA_FILE) if query_weights is not None else None
         if params == "lora":
             config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=RETRIEVER_LORA_TARGETS,
@@ -123,7 +127,7 @@ class RetrieverModel:
         elif query_weights is not None:
             self.query.load_weights(query_weights)
         self.query.model.eval()
-        self.docs = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32")
+        self.docs = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32", **overrides)
         self._doc_vectors: dict[str, torch.Tensor] = {}
 
     def copy_query(self) -> SentenceEncoder:
@@ -153,7 +157,7 @@ class RetrieverModel:
         """Frozen e_d for the given ids; (M, H). Cached across steps of a round."""
         missing = [i for i in ids if i not in self._doc_vectors]
         if missing:
-            vectors = self.docs.encode([texts[i] for i in missing])
+            vectors = self.docs.encode([texts[i] for i in missing], kind="passage")
             for i, v in zip(missing, vectors, strict=True):
                 self._doc_vectors[i] = torch.from_numpy(v)
         return torch.stack([self._doc_vectors[i] for i in ids])
