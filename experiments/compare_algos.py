@@ -6,7 +6,8 @@ corpus, evaluates the base system, then for each algorithm: puts both services b
 the eval split (the agent, greedy). Writes results.md (a table), results.json and PNG plots (reward, EM and
 recall@k per round; held-out EM/F1/cover/recall per algorithm).
 
-    python -m experiments.compare_algos --budget small        # 2-core CPU: within an hour
+    python -m experiments.compare_algos --budget small --qa-file ../shared/data/qa/hotpotqa.jsonl \
+        --corpus ../shared/data/corpus/hotpotqa.jsonl     # 2-core CPU: within an hour
     # a real run, on a GPU machine:
     python -m experiments.compare_algos --budget gpu --qa-file ../shared/data/qa/hotpotqa.jsonl
         --corpus ../shared/data/corpus/hotpotqa.jsonl
@@ -26,6 +27,7 @@ from bench.script import RESULTS
 from services.common.checkpoints import write_json_atomic
 from services.eval.datasets import EvalItem, load_items
 from services.eval.scoring import ItemResult, summarize
+from services.eval.split import EVAL_SPLIT
 
 ALGOS = ("search-r1", "retriever-only", "alt-rp", "alt-pr", "joint", "bridge")
 
@@ -49,14 +51,19 @@ BUDGETS = {
 
 
 def split(qa_file: Path, eval_questions: int, out: Path) -> tuple[Path, list[EvalItem]]:
-    """The last `eval_questions` lines are held out; training sees only the rest (its own qa dir)."""
+    """The split rule (services/eval/split.py): evaluation on the first `eval_questions` of the file's evaluation
+    split (its first EVAL_SPLIT lines), training only on the lines after that split (its own qa dir)."""
     lines = [line for line in qa_file.read_text().splitlines() if line.strip()]
-    if len(lines) <= eval_questions:
-        raise SystemExit(f"{qa_file} has {len(lines)} questions; need more than --eval-questions {eval_questions}")
+    if qa_file.stem.endswith("_train"):
+        raise SystemExit(f"{qa_file} is a training-pool file: it has no evaluation split; pass a benchmark file")
+    if eval_questions > EVAL_SPLIT:
+        raise SystemExit(f"--eval-questions {eval_questions}: the evaluation split has only {EVAL_SPLIT} questions")
+    if len(lines) <= EVAL_SPLIT:
+        raise SystemExit(f"{qa_file} has {len(lines)} questions: none after its {EVAL_SPLIT}-question evaluation split")
     train_dir, eval_dir = out / "qa" / "train", out / "qa" / "eval"
     # The training side is a `_train` file: training reads all of it (services/eval/split.py).
-    for file, rows in ((train_dir / "compare_train.jsonl", lines[:-eval_questions]),
-                       (eval_dir / "compare.jsonl", lines[-eval_questions:])):  # fmt: skip
+    for file, rows in ((train_dir / "compare_train.jsonl", lines[EVAL_SPLIT:]),
+                       (eval_dir / "compare.jsonl", lines[:eval_questions])):  # fmt: skip
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text("\n".join(rows) + "\n")
     return train_dir, load_items(eval_dir, "compare", None)
@@ -186,7 +193,12 @@ def main() -> None:
         parser.add_argument(flag, type=int, default=None, help=f"Override the budget's {field.name}.")
     parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--qa-file", type=Path, default=DEMO / "hotpotqa_train.jsonl")
+    parser.add_argument(
+        "--qa-file",
+        type=Path,
+        required=True,
+        help="A benchmark file (<dataset>.jsonl): its first 100 lines are the evaluation split.",
+    )
     parser.add_argument("--corpus", type=Path, nargs="+", default=[DEMO / "hotpotqa_corpus.jsonl"])
     parser.add_argument("--out", type=Path, default=RESULTS / "compare")
     parser.add_argument(

@@ -28,6 +28,7 @@ class RetrievalSpec:
     mode: str = "greedy"  # "sample" in training rollouts
     candidates: int = 20
     temperature: float = 1.0
+    version: str | None = None  # a pinned retriever version (training rollouts); None: the active one
 
 
 @dataclass
@@ -111,7 +112,7 @@ class AgentRunner:
                 answer=None,
                 mode=mode,
                 policy_version=policy_version,
-                retriever_version=self.last_retriever_version,
+                retriever_version=retrieval.version or self.last_retriever_version,
                 sampling={
                     "temperature": temperature,
                     "seed": task.seed,
@@ -133,7 +134,7 @@ class AgentRunner:
         if initial_search and states:
             for state in states:
                 state.record.turns.append(TurnRecord(generated_ids=[], generated_logprobs=[], text=""))
-            await self._search([(s, s.task.question) for s in states], 0, retrieval, retrieval_seed, sink)
+            await self._search([(s, s.task.question) for s in states], 0, retrieval, retrieval_seed, sink, draw=0)
 
         for turn in range(max_turns + 1):
             live = [s for s in states if not s.done]
@@ -180,7 +181,7 @@ class AgentRunner:
                 else:
                     searches.append((state, query))
             if searches:
-                await self._search(searches, turn, retrieval, retrieval_seed, sink)
+                await self._search(searches, turn, retrieval, retrieval_seed, sink, draw=turn + 1)
 
         results = []
         for state in states:
@@ -231,7 +232,11 @@ class AgentRunner:
         retrieval: RetrievalSpec,
         seed: int | None,
         sink: EventSink | None = None,
+        *,
+        draw: int,
     ) -> None:
+        """`draw`: this search call's place in the trajectory (0 the scaffold's, turn + 1 the model's), so every
+        search of a seeded rollout draws its documents from a seed of its own."""
         if sink is not None:
             for state, query in searches:
                 sink.emit(SearchEvent(turn=len(state.record.turns) - 1, query=query))
@@ -242,10 +247,12 @@ class AgentRunner:
             mode=retrieval.mode,
             candidates=max(retrieval.candidates, retrieval.top_k),
             temperature=retrieval.temperature,
-            seed=None if seed is None else seed * 1009 + turn,
+            seed=None if seed is None else seed * 1009 + draw,
+            **({} if retrieval.version is None else {"version": retrieval.version}),
         )
         elapsed = time.perf_counter() - started
-        self.last_retriever_version = response.retriever_version
+        if retrieval.version is None:  # what the service serves now (a pinned search says nothing of it)
+            self.last_retriever_version = response.retriever_version
         tokenizer = self.engine.tokenizer
         for (state, query), result in zip(searches, response.results, strict=True):
             observation = format_information([(d.title, d.text) for d in result.docs])

@@ -109,6 +109,8 @@ class PolicyService:
             except EngineError as exc:
                 raise UpstreamUnavailable(f"LLM engine: {exc}") from exc
             except ServiceError as exc:
+                if exc.status_code == 409:  # a pinned retriever version it does not have: the caller's conflict
+                    raise Conflict(f"retriever: {exc.detail}", param="retriever_version") from exc
                 raise UpstreamUnavailable(f"retriever answered {exc.status_code}: {exc.detail}") from exc
             except httpx.TransportError as exc:
                 raise UpstreamUnavailable(f"retriever unreachable at {self.settings.retriever_url}: {exc}") from exc
@@ -227,6 +229,12 @@ class PolicyService:
             log.exception("could not record the cancelled trajectory")
 
     async def rollouts(self, request: RolloutRequest) -> RolloutResponse:
+        """Groups of sampled trajectories, at the pinned versions when the request names them (a training run's
+        own), else the active ones; a pinned version this deployment does not have is a 409, never a silent
+        substitute."""
+        if request.policy_version is not None and request.policy_version not in self.checkpoints.table.checkpoints:
+            raise Conflict(f"policy version {request.policy_version!r} is not registered here",
+                           param="policy_version", code="version_not_registered")  # fmt: skip
         base_seed = request.seed
         tasks = [
             AgentTask(
@@ -248,7 +256,9 @@ class PolicyService:
                 mode="sample",
                 candidates=request.candidates,
                 temperature=request.retrieval_temperature,
+                version=request.retriever_version,
             ),
+            version=request.policy_version,
             run_id=request.run_id,
             **({} if request.initial_search is None else {"initial_search": request.initial_search}),
             retrieval_seed=base_seed,

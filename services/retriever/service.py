@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.errors import NotFound
+from services.common.errors import Conflict, NotFound
 from services.common.registry import CheckpointRegistry
 from services.common.schemas.checkpoints import RegisteredCheckpoint
 from services.common.schemas.retriever import (
@@ -109,7 +109,10 @@ class RetrieverService:
         return hits
 
     async def search(self, request: SearchRequest) -> SearchResponse:
-        async with self.checkpoints.lease() as version:  # every query of this request uses this one version
+        if request.version is not None and request.version not in self.checkpoints.table.checkpoints:
+            raise Conflict(f"retriever version {request.version!r} is not registered here", param="version",
+                           code="version_not_registered")  # fmt: skip
+        async with self.checkpoints.lease(request.version) as version:  # every query of this request: one version
             active = self.checkpoints.weights(version)
             limit = request.candidates
             hits = await self._batcher.submit(active, [(q, limit, request.exact) for q in request.queries])

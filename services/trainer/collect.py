@@ -8,9 +8,11 @@ import time
 
 from services.common.checkpoints import write_json_atomic
 from services.common.clients.policy import PolicyClient
+from services.common.registry import BASE_VERSION
 from services.trainer import plan
 from services.trainer.plan import Phase
 from services.trainer.rollout import (
+    check_versions,
     complete_groups,
     group_name,
     request_rollouts,
@@ -42,10 +44,12 @@ def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
     config = state.config
     if config.source == "live":
         return collect_live(settings, state, round_index, out)
+    versions = run_versions(state)
     if name:
         if not (folder / PUBLISHED_RETRIEVER).exists():
             raise RuntimeError(f"round {round_index}: fresh rollouts before the round's retriever is published")
         items = json.loads((folder / "items.json").read_text())
+        versions = (versions[0], json.loads((folder / PUBLISHED_RETRIEVER).read_text())["version"])
     else:
         items = round_items(config, settings.training_questions(config.dataset), round_index)
         write_json_atomic(folder / "items.json", items)
@@ -61,10 +65,17 @@ def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
     else:
         write_json_atomic(folder / f"requested-{name or 'first'}.json", {"tag": tag, "requested_at": time.time()})
         with PolicyClient(settings.policy_url, settings.resolve_admin_token(), settings.task_time_limit_s) as client:
-            expected = set(request_rollouts(client, config, items, round_index, name))
+            expected = set(request_rollouts(client, config, items, round_index, name, versions))
         entries = take_from_stream(r, settings.trajectory_stream, run_id, tag, expected)
+    check_versions([record for _, record in entries], *versions)
     save_round_rollouts(out, entries)
     return "ready"
+
+
+def run_versions(state: RunState) -> tuple[str, str]:
+    """(policy, retriever) versions the run's next rollouts must come from: the last it published, else the ones
+    it started from (the trainer's base models)."""
+    return state.policy_version or state.initial_policy_version, state.retriever_version or BASE_VERSION
 
 
 def fresh_versions(state: RunState) -> list[str]:

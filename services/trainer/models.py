@@ -20,14 +20,17 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 class PolicyModel:
-    def __init__(self, base_dir: Path, adapter_dir: Path | None, rank: int, alpha: int) -> None:
+    def __init__(self, base_dir: Path, adapter_dir: Path | None, rank: int, alpha: int, seed: int = 0) -> None:
+        """`seed`: a new adapter's A matrices are drawn from it, whatever the global RNG has done before."""
         self.tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
         base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
         if adapter_dir is not None:
             self.model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
         else:
             config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=LORA_TARGETS, lora_dropout=0.0)
-            self.model = get_peft_model(base, config)  # B = 0: starts exactly at the base policy
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                self.model = get_peft_model(base, config)  # B = 0: starts exactly at the base policy
         # No dropout anywhere (LoRA dropout is 0 too): the log-probs a gradient step differentiates are the
         # ones every ratio and Q_theta evaluation divides by.
         self.model.eval()
@@ -105,6 +108,7 @@ class RetrieverModel:
         params: str = "full",
         lora_rank: int = 8,
         lora_alpha: int = 16,
+        seed: int = 0,
         encoder_overrides: dict[str, str | bool] | None = None,
     ) -> None:
         """`encoder_overrides`: the BRIDGE_ENCODER_* settings (`settings.encoder_overrides`), as the service has
@@ -118,7 +122,9 @@ class RetrieverModel:
                                 lora_dropout=0.0)  # fmt: skip
             if query_weights is not None and not lora_file.exists():
                 self.query.load_weights(query_weights)  # a full-tower checkpoint: the LoRA starts on top of it
-            self.query.model = get_peft_model(self.query.model, config)
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                self.query.model = get_peft_model(self.query.model, config)
             if lora_file is not None and lora_file.exists():
                 from peft import set_peft_model_state_dict
                 from safetensors.torch import load_file

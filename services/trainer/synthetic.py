@@ -58,6 +58,7 @@ def sample_search(
     shown: int,
     temperature: float,
     suffix: str = "",
+    query: str | None = None,
 ) -> SearchTurn:
     """Draw `shown` of `candidates` (scores (C,)) by Gumbel top-k at `temperature`; `suffix` ends the observation
     (e.g. an `<answer>` prefill)."""
@@ -66,10 +67,11 @@ def sample_search(
     prompt = build_prompt(tokenizer, question)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     docs = [passages[candidates[c]] for c in chosen]
-    observation = f"<search> {question} </search>" + format_information(docs) + suffix
+    query = question if query is None else query
+    observation = f"<search> {query} </search>" + format_information(docs) + suffix
     observation_ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
     step = SearchStep(
-        turn=0, query=question,
+        turn=0, query=query,
         candidates=[{"id": c, "score": float(s)} for c, s in zip(candidates, scores, strict=True)],
         chosen_ids=[candidates[c] for c in chosen], chosen_titles=[d[0] for d in docs],
         logprob=plackett_luce_logprob(logits, chosen), mode="sample", temperature=temperature,

@@ -83,7 +83,7 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
         retriever = RetrieverModel(
             settings.base_retriever_dir, state.retriever_weights and Path(state.retriever_weights),
             params=cfg.retriever_params, lora_rank=cfg.retriever_lora_rank, lora_alpha=cfg.retriever_lora_alpha,
-            seed=cfg.seed,
+            seed=cfg.seed, encoder_overrides=settings.encoder_overrides,
         )  # fmt: skip
         if phase == "retriever":
             stats, coupling = train_retriever_phase(policy, retriever, batch, cfg, state.lam, optim)

@@ -269,6 +269,19 @@ def test_a_trained_adapter_serves_as_itself_and_rollback_restores_the_base(polic
     assert diff.mean() < LOGPROB_MEAN_TOL and diff.max() < LOGPROB_MAX_TOL
     assert base_diff.mean() > 3 * diff.mean()  # the adapter really changed what is served
 
+    # A training run pins its versions: served at them whatever is active, or refused with a 409.
+    pinned = [fetch(policy, s["trajectory_id"])
+              for s in rollout(policy, items[:1], group_size=2, max_turns=1, policy_version="base",
+                               retriever_version="base")]  # fmt: skip
+    assert {r.policy_version for r in pinned} == {"base"}
+    assert {t.search.retriever_version for r in pinned for t in r.turns if t.search} == {"base"}
+    with adapted.disable_adapter():
+        assert recomputed_logprob_diff(pinned, adapted).mean() < LOGPROB_MEAN_TOL
+    for pin in ({"policy_version": "no-such-policy"}, {"retriever_version": "no-such-retriever"}):
+        body = {"items": items[:1], "group_size": 2, "max_turns": 1, **pin}
+        refused = httpx.post(policy.url + "/v1/agent/rollouts", json=body, timeout=300)
+        assert refused.status_code == 409 and "not registered" in refused.json()["error"]["message"], refused.text
+
     rolled = httpx.post(policy.url + "/v1/checkpoints/rollback", headers=admin(policy), timeout=300)
     assert rolled.status_code == 200 and rolled.json()["active"] == "base"
     again = [fetch(policy, s["trajectory_id"]) for s in rollout(policy, items[:1], group_size=2, max_turns=1)]

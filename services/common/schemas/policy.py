@@ -90,6 +90,9 @@ class RolloutItem(Strict):
     golden_answers: list[Gold] = Field(min_length=1, max_length=MAX_GOLD)
 
 
+VersionName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
 class RolloutRequest(Strict):
     items: list[RolloutItem] = Field(min_length=1, max_length=MAX_ROLLOUT_ITEMS)
     group_size: int = Field(4, ge=1, le=MAX_GROUP_SIZE)
@@ -107,6 +110,14 @@ class RolloutRequest(Strict):
         "em",
         description="em: exact match (the paper's); f1: token F1 (ReSearch, R1-Searcher); em-format: Search-R1's "
         "qa_em_format (0.2 for a well-formed trajectory, full credit only for a correct answer).",
+    )
+    policy_version: VersionName | None = Field(
+        None,
+        description="Generate with this registered policy version, not the active one (a training run pins the "
+        "version it trains from); 409 if it is not registered here.",
+    )
+    retriever_version: VersionName | None = Field(
+        None, description="Search with this registered retriever version; 409 if the retriever does not have it."
     )
 
     @model_validator(mode="after")

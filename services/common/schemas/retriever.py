@@ -33,6 +33,11 @@ class SearchRequest(Strict):
         description="Brute force over every document vector instead of the ANN (HNSW) index: the same vectors, "
         "so the difference measures the index's loss. Costs a full scan a query; for evaluation, not serving.",
     )
+    version: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
+        None,
+        description="Search with this registered query-tower version instead of the active one (a training run's "
+        "rollouts pin the version they train from); 409 if it is not registered here.",
+    )
 
     @model_validator(mode="after")
     def _top_k_within_candidates(self) -> SearchRequest:

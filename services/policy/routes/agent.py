@@ -86,7 +86,11 @@ async def agent_query(body: AgentQueryRequest, service: Service, metrics: Metric
     return response
 
 
-@router.post("/v1/agent/rollouts", response_model=RolloutResponse, responses=ERRORS)
+@router.post(
+    "/v1/agent/rollouts",
+    response_model=RolloutResponse,
+    responses={**ERRORS, 409: {"description": "A pinned policy or retriever version is not registered"}},
+)
 async def agent_rollouts(body: RolloutRequest, service: Service, metrics: Metrics) -> RolloutResponse:
     cap = service.settings.max_rollout_trajectories
     if len(body.items) * body.group_size > cap:

@@ -8,7 +8,11 @@ from services.common.schemas.retriever import RetrieveRequest, SearchRequest, Se
 from services.retriever.routes.deps import Metrics, Service
 
 router = APIRouter()
-ERRORS = {422: {"description": "Invalid body (reason in `detail`)"}, 413: {"description": "Body too large"}}
+ERRORS = {
+    422: {"description": "Invalid body (reason in `detail`)"},
+    413: {"description": "Body too large"},
+    409: {"description": "The pinned `version` is not registered here"},
+}
 
 
 @router.post("/v1/search", response_model=SearchResponse, responses=ERRORS)

@@ -116,7 +116,7 @@ class AlgoConfig(BaseModel):
 
     @property
     def needs_q(self) -> bool:
-        return self.updates_retriever
+        return self.updates_retriever and self.retriever_objective != "credit"
 
     @property
     def uses_z(self) -> bool:

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import experiments.compare_algos as compare
-from services.eval.split import training_rows
+from services.eval.split import EVAL_SPLIT, training_rows
 
 
-def test_split_holds_out_the_last_questions(tmp_path):
-    rows = [{"id": f"q{i}", "question": f"Q{i}?", "golden_answers": ["a"]} for i in range(10)]
+def test_split_evaluates_on_the_evaluation_split_and_trains_after_it(tmp_path):
+    rows = [{"id": f"q{i}", "question": f"Q{i}?", "golden_answers": ["a"]} for i in range(110)]
     qa = tmp_path / "qa.jsonl"
     qa.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     train_dir, held = compare.split(qa, 3, tmp_path / "out")
     train_ids = [json.loads(line)["id"] for line in (train_dir / "compare_train.jsonl").open()]
-    assert train_ids == [f"q{i}" for i in range(7)]
+    assert train_ids == [f"q{i}" for i in range(EVAL_SPLIT, 110)]  # only the training pool
     assert [r["id"] for _, r in training_rows(train_dir, "compare")] == train_ids  # what a run trains on
-    assert [item.id for item in held] == ["q7", "q8", "q9"]  # disjoint from training, same every run
+    assert [item.id for item in held] == ["q0", "q1", "q2"]  # the file's first lines: its evaluation split
+    with pytest.raises(SystemExit, match="evaluation split has only"):
+        compare.split(qa, EVAL_SPLIT + 1, tmp_path / "out2")
 
 
 def test_retrieval_changes_counts_questions_whose_shown_documents_moved():
