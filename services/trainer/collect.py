@@ -64,7 +64,7 @@ def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
             r.xack(settings.trajectory_stream, group_name(run_id), *leftover)
     else:
         write_json_atomic(folder / f"requested-{name or 'first'}.json", {"tag": tag, "requested_at": time.time()})
-        with PolicyClient(settings.policy_url, settings.resolve_admin_token(), settings.task_time_limit_s) as client:
+        with PolicyClient(settings.policy_url, settings.services_admin_token(), settings.task_time_limit_s) as client:
             expected = set(request_rollouts(client, config, items, round_index, name, versions))
         entries = take_from_stream(r, settings.trajectory_stream, run_id, tag, expected)
     check_versions([record for _, record in entries], *versions)

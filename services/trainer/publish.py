@@ -34,7 +34,7 @@ def publish_retriever(settings: TrainerSettings, folder: Path, version: str) -> 
     marker = folder / PUBLISHED_RETRIEVER
     if marker.exists() and (done := json.loads(marker.read_text()))["version"] == version:
         return done["activated_at"]
-    with RetrieverClient(settings.retriever_url, admin_token=settings.resolve_admin_token(), timeout=600) as client:
+    with RetrieverClient(settings.retriever_url, admin_token=settings.services_admin_token(), timeout=600) as client:
         client.register(version)
         client.activate(version)
     activated_at = time.time()
@@ -53,7 +53,7 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
         publish_retriever(settings, folder, json.loads((folder / TRAINED["retriever"]).read_text())["retriever"])
         return True
     trained = json.loads((folder / TRAINED[phase]).read_text())
-    token = settings.resolve_admin_token()
+    token = settings.services_admin_token()
     activated_at = {}
     if trained["retriever"]:
         activated_at["retriever"] = publish_retriever(settings, folder, trained["retriever"])

@@ -12,6 +12,10 @@ from services.eval.split import training_rows
 DEMO_QA_DIR = Path(__file__).resolve().parents[1] / "demo_data"
 
 
+class MissingAdminToken(RuntimeError):
+    """The trainer has no admin token for the services (permanent: a retry would fail the same way)."""
+
+
 class TrainerSettings(CommonSettings):
     """`BRIDGE_TRAINER_*` (plus the common `BRIDGE_*` and `REDIS_URL`)."""
 
@@ -96,6 +100,18 @@ class TrainerSettings(CommonSettings):
     @property
     def base_retriever_dir(self) -> Path:
         return self.retriever_base_dir or self.retriever_model_dir
+
+    def services_admin_token(self) -> str:
+        """The admin token the trainer sends to the retriever and the policy, a client of both: BRIDGE_ADMIN_TOKEN,
+        else the one the servers of this host keep in <data_dir>/admin_token. Never creates that file (only a
+        server does: a token made up here would only be refused); MissingAdminToken when there is none."""
+        token = self.stored_admin_token()
+        if token is None:
+            raise MissingAdminToken(
+                f"no admin token for the services: set BRIDGE_ADMIN_TOKEN to theirs (servers on this host keep it "
+                f"in {self.admin_token_file}; none is there)"
+            )
+        return token
 
     def training_questions(self, dataset: str) -> list[dict]:
         """The dataset's training-pool questions (never its evaluation split: services/eval/split.py)."""
