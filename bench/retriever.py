@@ -30,7 +30,7 @@ import numpy as np
 from bench.script import REPO, SHARED_DATA, prepare_models, script_parser
 from services.common.hardware import resolve_dtype
 from services.common.stats import percentile
-from services.modeling.encoder import SentenceEncoder
+from services.modeling.encoder import SentenceEncoder, encoder_config
 from services.retriever.backends.index import EdgeIndex
 from services.retriever.registry import collection_for
 from services.retriever.reindex import passage_text
@@ -49,7 +49,9 @@ def load_corpus(data: Path) -> list[dict]:
 
 
 def embed_corpus(docs: list[dict], encoder_dir: Path, cache: Path) -> np.ndarray:
-    key = hashlib.sha256("".join(d["doc_id"] + d["text"] for d in docs).encode()).hexdigest()[:16]
+    # The passage side of the encoder (its passage prefix, e5's "passage: "), which is part of the cache key.
+    prefix = encoder_config(encoder_dir).passage_prefix
+    key = hashlib.sha256((prefix + "".join(d["doc_id"] + d["text"] for d in docs)).encode()).hexdigest()[:16]
     path = cache / f"corpus-{key}-{DTYPE}.npy"
     if path.exists():
         return np.load(path)
@@ -61,7 +63,7 @@ def embed_corpus(docs: list[dict], encoder_dir: Path, cache: Path) -> np.ndarray
     out = np.empty((len(texts), encoder.dim), dtype=np.float32)
     for start in tqdm(range(0, len(order), 512), desc="embed corpus (once, cached)"):
         chunk = order[start : start + 512]
-        out[chunk] = encoder.encode([texts[i] for i in chunk])
+        out[chunk] = encoder.encode([texts[i] for i in chunk], kind="passage")
     cache.mkdir(parents=True, exist_ok=True)
     np.save(path, out)
     return out

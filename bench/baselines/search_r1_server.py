@@ -40,7 +40,7 @@ def main() -> None:
     @app.post("/retrieve")
     def retrieve(request: QueryRequest) -> dict:
         with torch.inference_mode():
-            vectors = encoder.forward(request.queries).float().numpy()
+            vectors = encoder.forward(request.queries, kind="query").float().numpy()  # the matrix: passage side
         scores = vectors @ matrix.T  # (Q, N)
         top = np.argpartition(-scores, request.topk, axis=1)[:, : request.topk]
         result = []
