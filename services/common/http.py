@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.common.errors import Forbidden, NotReady, Unauthorized, error_body
 
@@ -134,36 +134,11 @@ def require_api_key(request: Request) -> None:
     check_api_key(request, getattr(request.app.state, "api_keys", ()), getattr(request.app.state, "admin_token", None))
 
 
-class RequestCounter:
-    """Counts requests by route and status in `app.state.metrics.requests`. Plain ASGI: `@app.middleware("http")`
-    (BaseHTTPMiddleware) runs each request through an extra task and stream, which cost more than the count."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500  # what the client gets if the app raises before it starts a response
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            route = scope.get("route")  # the router writes the matched route into the shared scope
-            scope["app"].state.metrics.requests.labels(getattr(route, "path", "other"), str(status)).inc()
-
-
 def install_request_middleware(app: FastAPI, max_body_bytes: int) -> None:
-    """Body-size limit, and a request counter by route and status in `app.state.metrics.requests`."""
+    """Body-size limit, and requests counted and timed by route, method and status in `app.state.metrics`
+    (`ServiceMetrics.instrument`)."""
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
-    app.add_middleware(RequestCounter)  # added last: outermost, so it counts the 413s too
+    app.state.metrics.instrument(app)  # added last: outermost, so it counts the 413s too
 
 
 def app_service(request: Request, loading: str) -> Any:

@@ -305,3 +305,6 @@ def test_metrics_are_exposed(hotpot):
     text = httpx.get(service.url + "/metrics").text
     assert "bridge_retriever_search_seconds" in text
     assert 'bridge_retriever_active_version_info{version="base"} 1.0' in text
+    text = httpx.get(service.url + "/metrics").text  # the first scrape is counted and timed under its route
+    assert 'bridge_retriever_request_duration_seconds_count{handler="/metrics",method="GET",status="200"}' in text
+    assert 'bridge_retriever_requests_total{handler="/metrics",method="GET",status="200"}' in text

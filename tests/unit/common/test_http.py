@@ -1,5 +1,5 @@
-"""The middleware every service installs: requests counted by route and status (errors and refusals too), bodies
-over the limit refused with 413 before the route reads them."""
+"""The middleware every service installs: requests counted and timed by route, method and status (errors and refusals
+too), bodies over the limit refused with 413 before the route reads them."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ class Body(BaseModel):
     text: str
 
 
-def counted(app: FastAPI) -> dict[tuple[str, str], float]:
-    samples = app.state.metrics.requests.collect()[0].samples
-    return {(s.labels["route"], s.labels["status"]): s.value for s in samples if s.name.endswith("_total")}
+def samples(app: FastAPI, name: str) -> dict[tuple[str, str, str], float]:
+    """(handler, method, status) -> value of the app's samples called `name`."""
+    return {(s.labels["handler"], s.labels["method"], s.labels["status"]): s.value
+            for family in app.state.metrics.registry.collect() for s in family.samples if s.name == name}  # fmt: skip
 
 
 def test_requests_are_counted_by_route_and_status_and_big_bodies_refused():
@@ -40,10 +41,13 @@ def test_requests_are_counted_by_route_and_status_and_big_bodies_refused():
     assert client.post("/echo/a", json={"text": "x" * 100}).status_code == 413
     assert client.get("/nowhere").status_code == 404
     assert client.get("/boom").status_code == 500
-    assert counted(app) == {
-        ("/echo/{name}", "200"): 2,
-        ("/echo/{name}", "422"): 1,
-        ("other", "413"): 1,  # refused before routing
-        ("other", "404"): 1,
-        ("/boom", "500"): 1,
+    assert samples(app, "bridge_test_requests_total") == {
+        ("/echo/{name}", "POST", "200"): 2,
+        ("/echo/{name}", "POST", "422"): 1,
+        ("/echo/{name}", "POST", "413"): 1,  # refused before the route read it, and still counted under it
+        ("none", "GET", "404"): 1,  # no route
+        ("/boom", "GET", "500"): 1,
     }
+    # and timed: one latency observation per request, in the same labels
+    assert samples(app, "bridge_test_request_duration_seconds_count") == samples(app, "bridge_test_requests_total")
+    assert all(v > 0 for v in samples(app, "bridge_test_request_duration_seconds_sum").values())
