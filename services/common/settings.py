@@ -48,8 +48,17 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("BRIDGE_CHECKPOINT_DIR"),
         description="Checkpoint root shared by the trainer and both services (default <data_dir>/checkpoints).",
     )
-    redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
-    qdrant_url: str | None = Field(None, validation_alias=AliasChoices("QDRANT_URL", "qdrant_url"))
+    redis_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("REDIS_URL", "redis_url"),
+        description="Trajectory streams and Celery broker; unset: 127.0.0.1:6379 (`bridge-rl up`: else an embedded "
+        "redis-server).",
+    )
+    qdrant_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("QDRANT_URL", "qdrant_url"),
+        description="A Qdrant server for the retriever's index; unset: Qdrant Edge in-process.",
+    )
     environment: str = Field(
         "development",
         validation_alias=AliasChoices("BRIDGE_ENVIRONMENT"),

@@ -12,8 +12,8 @@ class ConsoleSettings(CommonSettings):
 
     model_config = SettingsConfigDict(env_prefix="BRIDGE_CONSOLE_", extra="ignore", populate_by_name=True)
 
-    host: str = "127.0.0.1"
-    port: int = 8002
+    host: str = Field("127.0.0.1", description="Bind address (0.0.0.0: every interface).")
+    port: int = Field(8002, description="Port of the web console.")
     policy_url: str = Field("http://127.0.0.1:8000", description="The policy service.")
     retriever_url: str = Field("http://127.0.0.1:8001", description="The retriever service.")
     trainer_url: str = Field(

@@ -16,14 +16,14 @@ class PolicySettings(CommonSettings):
 
     model_config = SettingsConfigDict(env_prefix="BRIDGE_POLICY_", extra="ignore", populate_by_name=True)
 
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = Field("127.0.0.1", description="Bind address (0.0.0.0: every interface).")
+    port: int = Field(8000, description="Port of the policy service.")
     engine: Literal["vllm", "transformers"] = Field(
         "vllm", description="vllm: an OpenAI-compatible vLLM server; transformers: in-process, where vLLM can't run."
     )
     model_dir: str | None = Field(None, description="HF causal-LM folder; default <models>/SmolLM2-135M-Instruct.")
     vllm_url: str | None = Field(None, description="Reach a running vLLM server here instead of starting one.")
-    vllm_port: int = 8011
+    vllm_port: int = Field(8011, description="Port of the vLLM server the service starts (on 127.0.0.1).")
     vllm_python: str = Field(sys.executable, description="Interpreter that has vLLM installed.")
     vllm_args: str = Field("", description="Extra command-line arguments for the vLLM server.")
     vllm_memory_utilization: float | None = Field(
@@ -39,22 +39,24 @@ class PolicySettings(CommonSettings):
     vllm_cpu_kv_cache_gib: float | None = Field(
         None, gt=0, le=512, description="On CPU: a fixed KV cache size in GiB instead of vllm_cpu_kv_cache_tokens."
     )
-    vllm_startup_timeout_s: float = Field(900, ge=10)
-    max_model_len: int = Field(4096, ge=256)
+    vllm_startup_timeout_s: float = Field(
+        900, ge=10, description="How long vLLM may take to answer /health (its first start compiles)."
+    )
+    max_model_len: int = Field(4096, ge=256, description="vLLM --max-model-len: prompt plus generation, in tokens.")
     adapter_serving: Literal["auto", "lora", "merged"] = Field(
         "auto",
         description="How trained LoRA checkpoints serve: 'lora' adapters beside the base (vLLM's LoRA kernels), or "
         "'merged' into the weights and reloaded in place when the served version changes (base speed on vLLM-CPU, "
         "where its LoRA path is ~7x slower). 'auto': merged where the service starts vLLM on a CPU; else LoRA.",
     )
-    max_lora_rank: int = Field(16, ge=1, le=256)
-    max_loras: int = Field(4, ge=1, le=64)
+    max_lora_rank: int = Field(16, ge=1, le=256, description="vLLM --max-lora-rank (LoRA serving).")
+    max_loras: int = Field(4, ge=1, le=64, description="vLLM --max-loras: adapters loaded at once (LoRA serving).")
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto",
         description="Policy precision. auto: bf16 on a GPU or a CPU with native bf16 (AVX512-BF16/AMX), else fp32 "
         "(emulated bf16 is ~85x slower on an AVX2-only CPU; services/common/hardware.py).",
     )
-    retriever_url: str = "http://127.0.0.1:8001"
+    retriever_url: str = Field("http://127.0.0.1:8001", description="Where the agent searches.")
     max_new_tokens: int = Field(256, ge=8, le=4096, description="Tokens per generation turn.")
     initial_search: bool = Field(
         False,
@@ -77,11 +79,13 @@ class PolicySettings(CommonSettings):
         0.05, gt=0, le=100, description="Retrieval temperature when serve_retrieval=sample."
     )
     request_timeout_s: float = Field(600, ge=1, description="Cap on one engine call; a hung engine fails cleanly.")
-    trajectory_stream: str = "bridge:trajectories"
-    feedback_stream: str = "bridge:feedback"
+    trajectory_stream: str = Field("bridge:trajectories", description="Redis stream of every trajectory.")
+    feedback_stream: str = Field("bridge:feedback", description="Redis stream of rewarded served trajectories.")
     stream_maxlen: int = Field(100_000, ge=100, description="Approximate cap on stream entries (XADD MAXLEN ~).")
-    trajectory_ttl_s: int = Field(7 * 24 * 3600, ge=60)
-    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+    trajectory_ttl_s: int = Field(
+        7 * 24 * 3600, ge=60, description="How long a trajectory stays readable at /v1/trajectories/{id}."
+    )
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Larger request bodies get a 413.")
     max_rollout_trajectories: int = Field(
         256,
         ge=1,

@@ -13,13 +13,13 @@ class RetrieverSettings(CommonSettings):
 
     model_config = SettingsConfigDict(env_prefix="BRIDGE_RETRIEVER_", extra="ignore", populate_by_name=True)
 
-    host: str = "127.0.0.1"
-    port: int = 8001
+    host: str = Field("127.0.0.1", description="Bind address (0.0.0.0: every interface).")
+    port: int = Field(8001, description="Port of the retriever service.")
     encoder_dir: str | None = Field(None, description="HF encoder folder; default <models>/all-MiniLM-L6-v2.")
     index_backend: Literal["edge", "qdrant-local", "qdrant-server"] | None = Field(
         None, description="Default: qdrant-server when QDRANT_URL is set, else edge (in-process Qdrant)."
     )
-    alias: str = "bridge-docs"
+    alias: str = Field("bridge-docs", description="Qdrant alias of the live collection (flipped by a re-index).")
     hnsw_ef: int = Field(256, ge=8, le=4096, description="HNSW beam width; 256 keeps recall@10 >= 0.99 of exact.")
     max_length: int = Field(256, ge=8, le=512, description="Token cap per passage and query.")
     encode_batch_size: int = Field(16, ge=1, le=1024, description="Small batches pad less (measured best: 8-16).")
@@ -28,7 +28,7 @@ class RetrieverSettings(CommonSettings):
         description="Serving precision. auto: bf16 where the CPU has native bf16 (~2x faster than fp32 there), "
         "else fp32 (emulated bf16 is ~85x slower on an AVX2-only CPU; services/common/hardware.py).",
     )
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Larger request bodies get a 413.")
     batch_wait_ms: float = Field(1.0, ge=0.0, le=100.0, description="How long to gather concurrent searches.")
 
     @property

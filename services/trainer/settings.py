@@ -21,8 +21,8 @@ class TrainerSettings(CommonSettings):
 
     model_config = SettingsConfigDict(env_prefix="BRIDGE_TRAINER_", extra="ignore", populate_by_name=True)
 
-    policy_url: str = "http://127.0.0.1:8000"
-    retriever_url: str = "http://127.0.0.1:8001"
+    policy_url: str = Field("http://127.0.0.1:8000", description="The policy service (rollouts, publishing).")
+    retriever_url: str = Field("http://127.0.0.1:8001", description="The retriever service (publishing).")
     qa_dir: Path = Field(
         DEMO_QA_DIR,
         description="Where <dataset>_train.jsonl (all training) or <dataset>.jsonl (trained on after its "
