@@ -21,7 +21,7 @@ def package_dir(name: str) -> Path:
     # Importing these packages fails (their __init__ wants an `llm` plugin host); find_spec does not import.
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {name} is not installed (see README: set-up)")
+        raise FileNotFoundError(f"package {name} is not installed (see docs/deployment.md: set-up)")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

@@ -2,7 +2,7 @@
 Playwright's Python package; no browser is downloaded), against a real stack: retriever with the demo corpus,
 policy (transformers engine), Redis, a Celery worker that trains one round, and the console in front.
 
-Screenshots of every view go to $BRIDGE_CONSOLE_SCREENSHOTS (docs/console when regenerating the README's) or a
+Screenshots of every view go to $BRIDGE_CONSOLE_SCREENSHOTS (docs/console when regenerating docs/api.md's) or a
 temporary folder."""
 
 from __future__ import annotations
