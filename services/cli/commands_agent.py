@@ -119,6 +119,20 @@ def evaluate(
     resume: Annotated[
         bool, typer.Option(help="Keep what <out>/results.jsonl already holds and ask only the rest (needs --out).")
     ] = False,
+    samples: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=64,
+            help="Also K sampled agent answers per question (samples.jsonl, questions.jsonl): "
+            "mean EM over samples next to greedy EM@1 (services/eval/sampled.py).",
+        ),
+    ] = 0,
+    temperature: Annotated[float, typer.Option(min=0.01, max=5.0, help="--samples: decoding temperature.")] = 1.0,
+    retrieval_temperature: Annotated[
+        float, typer.Option(min=0.001, help="--samples: sampled retrieval's softmax(score / T), as rollouts.")
+    ] = 0.05,
+    seed: Annotated[int, typer.Option(min=0, help="--samples: the same seed draws the same samples.")] = 0,
 ) -> None:
     """Run the agent and its baselines over the live services; write results.jsonl, summary.json/.md."""
     import asyncio
@@ -192,7 +206,17 @@ def evaluate(
                 url, work, concurrency=concurrency, max_turns=max_turns, top_k=top_k, headers=headers, on_result=keep
             )  # fmt: skip
         )
-    results_file.close()
+        results_file.close()
+        if samples:
+            from services.eval.sampled import write_sampled
+
+            sampled = write_sampled(out, pol_client, [*done, *results], [i for d in datasets for i in items[d]],
+                                    samples=samples, temperature=temperature,
+                                    retrieval_temperature=retrieval_temperature, seed=seed, max_turns=max_turns,
+                                    top_k=top_k)  # fmt: skip
+            for scope, m in sampled.items():
+                typer.echo(f"{scope:16} agent     n={m['n']:<4} em@1 (greedy) {m['em_greedy'] or 0:.3f} "
+                           f"em over {samples} samples {m['em_sampled'] or 0:.3f}")  # fmt: skip
     rows = write_report(out, [*done, *results], meta, top_k)
     for r in rows:
         recall = "–" if r.recall is None else f"{r.recall:.3f}"
