@@ -1,7 +1,11 @@
-"""docker-compose.yml is valid for both profiles (Debian's docker-compose validates without an engine), its
-images are pinned to the versions the code is tested against, and the GPU profile's workers reserve a GPU."""
+"""docker-compose.yml is valid for both profiles (Debian's docker-compose validates without an engine), alone and with
+the closed-network override; its images are pinned to the versions the code is tested against; and the deployment
+invariants hold: ports on 127.0.0.1, the admin token a secret (never an environment entry), the worker healthy only
+after the policy, vLLM's /dev/shm, the base image and torch chosen by build arguments. All fast: nothing is built
+or started (scripts/compose_smoke.sh does that, by hand)."""
 
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -12,29 +16,50 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = shutil.which("docker-compose")
+OFFLINE = REPO / "docker" / "compose.offline.yml"
+needs_compose = pytest.mark.skipif(
+    COMPOSE is None, reason="docker-compose is not installed (.ci/run installs Debian's)"
+)
 
 
-@pytest.mark.skipif(COMPOSE is None, reason="docker-compose is not installed (.ci/run installs Debian's)")
+def _config(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [COMPOSE, "--env-file", str(REPO / ".env.example"), *args, "config"]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+@needs_compose
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
-def test_compose_config_is_valid(profile):
-    cmd = [COMPOSE, "--env-file", str(REPO / ".env.example"), "--profile", profile]
-    result = subprocess.run([*cmd, "config", "-q"], cwd=REPO, capture_output=True, text=True)
+@pytest.mark.parametrize("files", [[], ["-f", "docker-compose.yml", "-f", str(OFFLINE)]], ids=["alone", "offline"])
+def test_compose_config_is_valid(profile, files):
+    result = _config(*files, "--profile", profile)
     assert result.returncode == 0, result.stderr
-    services = subprocess.run([*cmd, "config", "--services"], cwd=REPO, capture_output=True, text=True, check=True)
+    services = set(yaml.safe_load(result.stdout)["services"])
     # docker-compose 1.29 lists every service whatever the profile; which profile runs what is checked below
     expected = {"base", "models", "qdrant", "redis", "retriever", "policy", "vllm", "policy-gpu", "worker",
                 "worker-gpu", "console"}  # fmt: skip
-    assert set(services.stdout.split()) == expected
+    assert services == expected
 
 
-def test_compose_refuses_a_missing_admin_token(tmp_path):
-    if COMPOSE is None:
-        pytest.skip("docker-compose is not installed")
-    empty = tmp_path / "empty.env"
-    empty.write_text("")
-    result = subprocess.run([COMPOSE, "--env-file", str(empty), "--profile", "cpu", "config", "-q"], cwd=REPO,
-                            capture_output=True, text=True)  # fmt: skip
-    assert result.returncode != 0 and "BRIDGE_ADMIN_TOKEN" in result.stderr
+@needs_compose
+def test_resolved_ports_bind_loopback_unless_asked():
+    def ports(env=None) -> list[str]:
+        services = yaml.safe_load(_config("--profile", "cpu", env=env).stdout)["services"]
+        return [p for svc in services.values() for p in svc.get("ports", [])]
+
+    published = ports()
+    assert published and all(p.startswith("127.0.0.1:") for p in published), published
+    assert all(p.startswith("0.0.0.0:") for p in ports({"BRIDGE_BIND": "0.0.0.0"}))
+
+
+@needs_compose
+def test_the_offline_override_swaps_redis_and_qdrant_only():
+    result = _config("-f", "docker-compose.yml", "-f", str(OFFLINE), "--profile", "cpu")
+    services = yaml.safe_load(result.stdout)["services"]
+    assert services["redis"]["image"] == "bridge-redis"
+    assert services["redis"]["build"]["dockerfile"] == "docker/redis.Dockerfile"
+    assert services["retriever"]["environment"]["QDRANT_URL"] == ""  # the embedded Qdrant
+    assert services["retriever"]["depends_on"]["qdrant"]["condition"] == "service_completed_successfully"
+    assert services["policy"]["environment"]["QDRANT_URL"] == "http://qdrant:6333"  # nothing else changes
 
 
 def _compose() -> dict:
@@ -48,7 +73,7 @@ def _minor(version: str) -> str:
 def test_every_image_is_pinned_to_what_the_code_is_tested_against():
     images = {name: svc["image"] for name, svc in _compose()["services"].items() if "image" in svc}
     for name, image in images.items():
-        if image == "bridge-base":  # built here from docker/base.Dockerfile
+        if image.startswith("bridge-"):  # built here from docker/*.Dockerfile
             continue
         repo, _, tag = image.partition(":")
         assert re.fullmatch(r"v?\d+\.\d+\.\d+(-[a-z]+)?", tag), f"{name}: {image} is not pinned to a release"
@@ -57,8 +82,86 @@ def test_every_image_is_pinned_to_what_the_code_is_tested_against():
     if vllm:
         assert images["vllm"].split(":")[1].lstrip("v") == importlib.metadata.version(vllm)
     for dockerfile in (REPO / "docker").glob("*.Dockerfile"):
-        for base in re.findall(r"^FROM (\S+)", dockerfile.read_text(), re.M):
-            assert base.startswith("${") or re.search(r":\d+\.\d+\.\d+", base), f"{dockerfile.name}: FROM {base}"
+        text = dockerfile.read_text()
+        stages = set(re.findall(r"^FROM \S+ AS (\S+)", text, re.M))
+        for base in re.findall(r"^FROM (\S+)", text, re.M):
+            assert base.startswith("${") or base in stages, f"{dockerfile.name}: FROM {base} (a build argument)"
+
+
+def test_the_base_image_and_torch_are_build_arguments():
+    text = (REPO / "docker" / "base.Dockerfile").read_text()
+    default = re.search(r"^ARG BASE_IMAGE=(\S+)", text, re.M).group(1)
+    assert re.fullmatch(r"python:3\.11(\.\d+)?-slim-bookworm", default)  # Debian bookworm: what debootstrap builds
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}", text, re.M)
+    assert "docker/wheels/" in text and "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in text
+    assert "torch.version.cuda" in text  # a CUDA build stops the build
+    args = _compose()["services"]["base"]["build"]["args"]
+    assert args["BASE_IMAGE"] == "${BRIDGE_BASE_IMAGE:-" + default + "}"
+    assert args["TORCH_INDEX"].startswith("${BRIDGE_TORCH_INDEX:-https://download.pytorch.org/whl/cpu")
+
+
+def test_the_build_context_leaves_out_the_venv_and_the_secrets():
+    lines = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.strip()]
+    rules = [ln for ln in lines if not ln.startswith("#")]
+    assert rules[0] == "*"  # everything out, then only what the images copy back in
+    assert {r[1:] for r in rules if r.startswith("!")} == {"pyproject.toml", "README.md", "services", "docker"}
+    assert "docker/secrets" in rules
+
+
+def test_ports_bind_loopback_by_default():
+    for name, svc in _compose()["services"].items():
+        for port in svc.get("ports", []):
+            assert port.startswith("${BRIDGE_BIND:-127.0.0.1}:"), f"{name}: {port}"
+
+
+def test_the_admin_token_is_a_secret_not_an_environment_entry():
+    compose = _compose()
+    assert compose["secrets"]["admin_token"]["file"] == "${BRIDGE_ADMIN_TOKEN_FILE:-./docker/secrets/admin_token}"
+    text = (REPO / "docker-compose.yml").read_text()
+    assert "BRIDGE_ADMIN_TOKEN:" not in text and "BRIDGE_ADMIN_TOKEN}" not in text
+    holders = {name for name, svc in compose["services"].items() if "admin_token" in svc.get("secrets", [])}
+    assert holders == {"retriever", "policy", "policy-gpu", "worker", "worker-gpu"}  # not the console, not models
+    assert 'ENTRYPOINT ["bridge-entrypoint"]' in (REPO / "docker" / "base.Dockerfile").read_text()
+
+
+@pytest.mark.parametrize(
+    ("token", "ok"), [("a-real-token-of-32-characters-xx", True), ("change-me-to-a-long-random-string", False),
+                      ("short", False)],
+)  # fmt: skip
+def test_the_entrypoint_exports_the_secret_to_its_command_only(tmp_path, token, ok):
+    secret = tmp_path / "admin_token"
+    secret.write_text(token + "\n")
+    env = {"PATH": os.environ["PATH"], "BRIDGE_ADMIN_TOKEN_SECRET": str(secret)}
+    cmd = ["sh", str(REPO / "docker" / "entrypoint.sh"), "sh", "-c", 'printf %s "$BRIDGE_ADMIN_TOKEN"']
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert (result.returncode == 0) == ok, result.stderr
+    assert result.stdout == (token if ok else "")
+    missing = subprocess.run(cmd, capture_output=True, text=True, env={**env, "BRIDGE_ADMIN_TOKEN_SECRET": "/nope"})
+    assert missing.returncode == 0 and missing.stdout == ""  # no secret mounted: the command runs unchanged
+
+
+def test_the_worker_waits_for_a_healthy_policy_and_has_a_healthcheck():
+    services = _compose()["services"]
+    for worker, policy in (("worker", "policy"), ("worker-gpu", "policy-gpu")):
+        svc = services[worker]
+        assert svc["depends_on"][policy] == {"condition": "service_healthy"}
+        assert "9108" in " ".join(svc["healthcheck"]["test"])
+        assert "healthcheck" in services[policy]
+    # it trains the model the policy serves, not the default SmolLM2
+    assert (services["worker"]["environment"]["BRIDGE_TRAINER_POLICY_BASE_DIR"]
+            == services["policy"]["environment"]["BRIDGE_POLICY_MODEL_DIR"]
+            == services["policy-gpu"]["environment"]["BRIDGE_POLICY_MODEL_DIR"])  # fmt: skip
+
+
+def _mib(size: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)([kmg])", size.lower()).groups()
+    return int(number) * {"k": 1 / 1024, "m": 1, "g": 1024}[unit]
+
+
+def test_vllm_gets_shared_memory_and_libnuma():
+    services = _compose()["services"]
+    assert _mib(services["policy"]["shm_size"]) >= 160 and _mib(services["vllm"]["shm_size"]) >= 160
+    assert "libnuma1" in (REPO / "docker" / "policy.Dockerfile").read_text()
 
 
 def _installed(dist: str) -> bool:
@@ -72,12 +175,13 @@ def _installed(dist: str) -> bool:
 def test_gpu_services_reserve_a_gpu_and_cpu_workers_do_not():
     services = _compose()["services"]
 
-    def gpus(svc: dict) -> int:
+    def gpus(svc: dict) -> list[str]:
         devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
-        return sum(d.get("count", 0) for d in devices if "gpu" in d.get("capabilities", []))
+        return [i for d in devices if "gpu" in d.get("capabilities", []) for i in d.get("device_ids", [])]
 
-    assert services["worker-gpu"]["profiles"] == ["gpu"] and gpus(services["worker-gpu"]) == 1
-    assert services["vllm"]["profiles"] == ["gpu"] and gpus(services["vllm"]) == 1
-    assert services["worker"]["profiles"] == ["cpu"] and gpus(services["worker"]) == 0
+    # one GPU each, named: Docker hands the same device to every replica (`--scale` does not spread them)
+    assert services["worker-gpu"]["profiles"] == ["gpu"] and gpus(services["worker-gpu"]) == ["${BRIDGE_WORKER_GPU:-0}"]
+    assert services["vllm"]["profiles"] == ["gpu"] and gpus(services["vllm"]) == ["${BRIDGE_VLLM_GPU:-0}"]
+    assert services["worker"]["profiles"] == ["cpu"] and gpus(services["worker"]) == []
     assert services["worker-gpu"]["build"]["args"]["TORCH_INDEX"].startswith("https://download.pytorch.org/whl/cu")
     assert services["worker-gpu"]["environment"] == services["worker"]["environment"]  # one definition (anchor)
