@@ -65,14 +65,22 @@ def load_corpora(corpus_dir: Path) -> dict[str, tuple[str, str]]:
     return docs
 
 
-def doc_matrix(retriever: RetrieverModel, docs: dict[str, tuple[str, str]], cache: Path) -> torch.Tensor:
-    """Frozen e_d of every passage, (N, H), in `docs` order; cached (the document tower never trains)."""
+def doc_matrix(encoder_dir: Path, docs: dict[str, tuple[str, str]], cache: Path) -> torch.Tensor:
+    """Frozen e_d of every passage, (N, H), in `docs` order, encoded in the precision the retriever service serves
+    in (`dtype=auto`: bf16 where the CPU has it natively); cached (the document tower never trains)."""
+    from services.common.hardware import resolve_dtype
+    from services.modeling.encoder import SentenceEncoder
+
     if cache.exists():
         saved = torch.load(cache)
         if saved["ids"] == list(docs):
             return saved["vectors"]
+    encoder = SentenceEncoder.from_pretrained(encoder_dir, max_length=256, dtype=resolve_dtype("auto"))
     texts = [f"{t}\n{x}" if t else x for t, x in docs.values()]
-    vectors = torch.from_numpy(retriever.docs.encode(texts, batch_size=64, kind="passage"))
+    chunks = [texts[i : i + 512] for i in range(0, len(texts), 512)]
+    vectors = torch.from_numpy(np.concatenate(
+        [encoder.encode(chunk, batch_size=16, kind="passage") for chunk in tqdm(chunks, desc="passages")]
+    )).float()  # fmt: skip
     cache.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"ids": list(docs), "vectors": vectors}, cache)
     return vectors
@@ -209,8 +217,9 @@ def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, arg
     folder.mkdir(parents=True, exist_ok=True)
     progress_file = folder / "progress.json"
     retriever = RetrieverModel(models.retriever, None, seed=args.seed)
+    retriever._doc_vectors = dict(zip(ids, doc_vecs, strict=True))  # e_d of the index itself: p_phi scores those
     batches = [questions[i : i + args.batch] for i in range(0, len(questions), args.batch)]
-    cfg = algo_config(arm, args, len(batches))
+    cfg = algo_config("both" if arm == "supervised" else arm, args, len(batches))  # supervised: its own Adam
     progress = {"done": 0, "curve": [], "losses": [], "rewards": []}
     optim = RoundOptimizers(cfg, len(batches))
     adam = torch.optim.Adam(RetrieverModel.trainable(retriever.query), lr=args.lr)
@@ -337,11 +346,14 @@ def main() -> None:
     models = prepare_models(args.work)
     warm = args.work / "models" / "warmstart"
     prepare_warmstart_model(warm, models.policy)
-    policy = PolicyModel(warm, None, 8, 16, seed=args.seed)
+    from services.common.hardware import resolve_dtype
+
+    # Frozen: it only scores Q_theta and answers, so it runs in the precision vLLM serves it in.
+    policy = PolicyModel(warm, None, 8, 16, seed=args.seed, dtype=getattr(torch, resolve_dtype("auto")))
     docs = load_corpora(args.corpus_dir)
     ids = list(docs)
     args.corpus_count = len(ids)
-    doc_vecs = doc_matrix(RetrieverModel(models.retriever, None), docs, args.work / "doc_vectors.pt")
+    doc_vecs = doc_matrix(models.retriever, docs, args.work / "doc_vectors.pt")
     evals = eval_rows(args.qa_dir)
     questions = train_questions(args.qa_dir, args.train_datasets, args.questions, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -20,10 +20,14 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 class PolicyModel:
-    def __init__(self, base_dir: Path, adapter_dir: Path | None, rank: int, alpha: int, seed: int = 0) -> None:
-        """`seed`: a new adapter's A matrices are drawn from it, whatever the global RNG has done before."""
+    def __init__(
+        self, base_dir: Path, adapter_dir: Path | None, rank: int, alpha: int, seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:  # fmt: skip
+        """`seed`: a new adapter's A matrices are drawn from it, whatever the global RNG has done before.
+        `dtype`: float32 to train; a frozen policy that only scores or generates may run in bfloat16."""
         self.tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
-        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype)
         if adapter_dir is not None:
             self.model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
         else:
