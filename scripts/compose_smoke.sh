@@ -202,13 +202,16 @@ while kill -0 "$UP_PID" 2>/dev/null; do
     | sort | paste -sd' ' -)
   policy=$(docker ps -q --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=policy")
   vllm=""
-  [ -n "$policy" ] && vllm=$(docker exec "$policy" sh -c 'tail -n 1 /data/logs/vllm.log 2>/dev/null' | cut -c1-110)
+  [ -z "$policy" ] || vllm=$(docker exec "$policy" tail -n 1 /data/logs/vllm.log 2>/dev/null | cut -c1-110) || true
   log "up: $states${vllm:+ | vllm: $vllm}"
 done
 wait "$UP_PID" || { cat "$WORK/up.log"; die "docker-compose up"; }
 UP_PID=""
 log "stack up: $(docker ps --filter "label=com.docker.compose.project=$PROJECT" --format '{{.Label "com.docker.compose.service"}}:{{.Status}}' | sort | paste -sd' ' -)"
-[ "$OFFLINE" = 1 ] && log "qdrant service: $(compose logs --no-color --no-log-prefix qdrant 2>/dev/null | tail -1)"
+if [ "$OFFLINE" = 1 ]; then
+  log "qdrant service: $(compose logs --no-color --no-log-prefix qdrant 2>/dev/null | tail -1)"
+  log "redis service: $(compose exec -T redis redis-server --version | cut -d' ' -f1-3) (Debian's package)"
+fi
 STEP="worker healthy"
 worker=$(docker ps -q --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=worker")
 [ -n "$worker" ] || die "the worker is not running"
