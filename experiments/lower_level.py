@@ -187,21 +187,27 @@ def answer_texts(policy: PolicyModel, contexts: list[list[int]], args) -> list[s
 
 # ----------------------------------------------------------------------------- the arms
 def supervised_step(retriever: RetrieverModel, doc_vecs, ids, rows, optimizer, args) -> float:
-    """InfoNCE over each question's top candidates plus its gold passages: -log sum_gold softmax(cos / T)."""
+    """K steps (as every arm takes per batch) of InfoNCE over each question's top candidates plus its gold
+    passages, -log sum_gold softmax(cos / T); the candidates drawn once, at the batch's start."""
     index_of = {d: i for i, d in enumerate(ids)}
-    _, index = top_candidates(retriever, doc_vecs, [search_query(r["question"]) for r in rows], args.candidates)
-    optimizer.zero_grad()
-    queries = retriever.query([search_query(r["question"]) for r in rows])  # (B, H), differentiable
-    losses = []
+    queries = [search_query(r["question"]) for r in rows]
+    _, index = top_candidates(retriever, doc_vecs, queries, args.candidates)
+    pools = []
     for n, row in enumerate(rows):
         gold = [index_of[d] for d in supporting(row) if d in index_of]
-        pool = list(dict.fromkeys(gold + index[n].tolist()))
-        logp = torch.log_softmax(doc_vecs[pool] @ queries[n] / args.retrieval_temperature, dim=-1)
-        losses.append(-torch.logsumexp(logp[: len(gold)], dim=-1))
-    loss = torch.stack(losses).mean()
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach())
+        pools.append((len(gold), list(dict.fromkeys(gold + index[n].tolist()))))
+    value = 0.0
+    for _ in range(args.steps):
+        optimizer.zero_grad()
+        vectors = retriever.query(queries)  # (B, H), differentiable
+        losses = [-torch.logsumexp(torch.log_softmax(doc_vecs[pool] @ vectors[n] / args.retrieval_temperature,
+                                                     dim=-1)[:n_gold], dim=-1)
+                  for n, (n_gold, pool) in enumerate(pools)]  # fmt: skip
+        loss = torch.stack(losses).mean()
+        loss.backward()
+        optimizer.step()
+        value = float(loss.detach())
+    return value
 
 
 def algo_config(arm: str, args, steps: int) -> AlgoConfig:
