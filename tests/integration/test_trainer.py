@@ -86,7 +86,7 @@ def test_two_bridge_rounds_publish_retriever_then_policy(stack):
         assert row["activated_at"]["retriever"] < row["activated_at"]["policy"]  # retriever FIRST
         assert row["loss/coupling"] == row["loss/coupling"]  # present and not NaN
         assert row["grad_norm/policy"] >= 0 and row["tis/mean"] > 0
-    assert rows[1]["lambda"] == rows[0]["lambda"] + 0.5
+    assert rows[0]["lambda"] == rows[1]["lambda"] == 0.02  # the paper's fixed gamma, the default
     # The config (with the --set field) is saved with the run and in every checkpoint; the optimizers' state
     # after round 0 is what round 1 started from.
     run_dir = stack["dir"] / "trainer/runs/it-bridge"
