@@ -174,7 +174,7 @@ def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(st
 
     scraped = httpx.get(f"http://127.0.0.1:{env['BRIDGE_TRAINER_METRICS_PORT']}/metrics", timeout=10).text
     assert f'bridge_trainer_rounds_published_total{{algo="bridge",run_id="{run_id}"}} 1.0' in scraped
-    assert f'bridge_trainer_lambda{{algo="bridge",run_id="{run_id}"}} 1.0' in scraped
+    assert f'bridge_trainer_lambda{{algo="bridge",run_id="{run_id}"}} 0.02' in scraped
 
 
 @pytest.mark.heavy
