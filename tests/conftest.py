@@ -149,3 +149,35 @@ def demo_retriever(retriever_factory) -> RunningService:
     with RetrieverClient(service.url, admin_token=service.token, timeout=600) as client:
         ingest_file(client, REPO / "services" / "demo_data" / "hotpotqa_corpus.jsonl", progress=False)
     return service
+
+
+@pytest.fixture
+def refusing_admin_server() -> Iterator[tuple[str, list[str | None]]]:
+    """A stand-in admin endpoint that records each call's Authorization header and refuses (403) it: (url, seen)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _refuse(self) -> None:
+            seen.append(self.headers.get("authorization"))
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = json.dumps({"detail": "bad token", "error": {"type": "forbidden", "message": "bad token"}})
+            self.send_response(403)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        do_GET = do_POST = _refuse
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+    server.server_close()

@@ -8,8 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -25,29 +23,8 @@ ADMIN_COMMANDS = [
 
 
 @pytest.fixture
-def service():
-    """A stand-in admin endpoint that records the Authorization header and refuses (403) every call."""
-    seen: list[str | None] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def _refuse(self) -> None:
-            seen.append(self.headers.get("authorization"))
-            body = json.dumps({"detail": "bad token", "error": {"type": "forbidden", "message": "bad token"}})
-            self.send_response(403)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        do_GET = do_POST = _refuse
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    server.shutdown()
+def service(refusing_admin_server):
+    return refusing_admin_server
 
 
 def cli(home, args, corpus, **env_extra):

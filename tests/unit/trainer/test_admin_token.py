@@ -3,10 +3,6 @@ wrote, and never creates that file (only servers do)."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from services.common.clients.base import ServiceError
@@ -21,29 +17,8 @@ def _no_token_in_env(monkeypatch):
 
 
 @pytest.fixture
-def retriever():
-    """A stand-in retriever that records the Authorization header and refuses (403) every call."""
-    seen: list[str | None] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            seen.append(self.headers.get("authorization"))
-            self.rfile.read(int(self.headers.get("content-length") or 0))
-            body = json.dumps({"detail": "bad token", "error": {"type": "forbidden", "message": "bad token"}})
-            self.send_response(403)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    server.shutdown()
-    server.server_close()
+def retriever(refusing_admin_server):
+    return refusing_admin_server
 
 
 def test_no_token_anywhere_fails_permanently_and_creates_no_file(tmp_path, retriever):
