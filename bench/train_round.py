@@ -47,6 +47,7 @@ from services.trainer.algo.round import (
     subset_logps,
     train_round,
 )
+from services.trainer.device import Placement
 from services.trainer.models import PolicyModel, RetrieverModel
 from services.trainer.synthetic import build_rollouts, demo_data
 
@@ -137,12 +138,23 @@ ROWS = {  # row -> (algo, estimator, retriever update only)
 }
 
 
-def run_one(row: str, models: Models, batch_file: Path, retriever_params: str, q_steps: int | None = None) -> dict:
+def run_one(row: str, models: Models, batch_file: Path, retriever_params: str, q_steps: int | None = None,
+            device: str = "auto") -> dict:  # fmt: skip
+    placement = Placement.resolve(device)
+    with placement.scope():
+        result = _run_one(row, models, batch_file, retriever_params, q_steps, placement)
+    if placement.device.type == "cuda":
+        result["gpu_peak_mb"] = torch.cuda.max_memory_allocated(placement.device) / 2**20
+    return {**result, "device": placement.describe()}
+
+
+def _run_one(row: str, models: Models, batch_file: Path, retriever_params: str, q_steps: int | None,
+             placement: Placement) -> dict:  # fmt: skip
     algo, estimator, retriever_only = ROWS[row]
     torch.manual_seed(0)
     data = json.loads(batch_file.read_text())
-    policy = PolicyModel(models.policy, None, 8, 16)
-    retriever = RetrieverModel(models.retriever, None, params=retriever_params)
+    policy = PolicyModel(models.policy, None, 8, 16, placement=placement)
+    retriever = RetrieverModel(models.retriever, None, params=retriever_params, placement=placement)
     records = [TrajectoryRecord.model_validate(r) for r in data["records"]]
     group = len({r.group_index for r in records})  # the batch file says how many rollouts a question has
     cfg = AlgoConfig(algo="bridge" if algo == "second-order" else algo, estimator=estimator, group_size=group,
@@ -151,6 +163,8 @@ def run_one(row: str, models: Models, batch_file: Path, retriever_params: str, q
     retriever.doc_vectors(sorted(batch.doc_texts), batch.doc_texts)  # warm the frozen e_d cache
     loaded = current_mb()
     reset_peak()
+    if placement.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(placement.device)
     started = time.perf_counter()
     if algo == "second-order":
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -174,9 +188,12 @@ def main() -> None:
     parser.add_argument("--retriever-params", choices=["full", "lora"], default="full",
                         help="What the retriever trains: the query tower, or a query-side LoRA.")  # fmt: skip
     parser.add_argument("--q-steps", type=int, help="Q subsample: search steps scored by Q_theta (config default).")
+    parser.add_argument("--device", default="auto", help="Where the rounds train: auto (a CUDA GPU when torch "
+                        "sees one), cpu, cuda, cuda:N.")  # fmt: skip
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, models_in(args.work), args.batch, args.retriever_params, args.q_steps)))
+        print(json.dumps(run_one(args.one, models_in(args.work), args.batch, args.retriever_params, args.q_steps,
+                                 args.device)))  # fmt: skip
         return
     models = prepare_models(args.work)
     batch_file = args.batch or Path(tempfile.mkdtemp()) / "batch.json"
@@ -185,12 +202,15 @@ def main() -> None:
     results = {}
     for row in ROWS:
         out = run_module("bench.train_round", "--one", row, "--batch", str(batch_file),
-                         "--retriever-params", args.retriever_params, "--work", str(args.work))  # fmt: skip
+                         "--retriever-params", args.retriever_params, "--work", str(args.work),
+                         "--device", args.device)  # fmt: skip
         results[row] = json.loads(out.strip().splitlines()[-1])
-    print(f"\nretriever params: {args.retriever_params}")
-    print(f"{'row':20} {'seconds':>8} {'peak MB':>9} {'over load MB':>13}")
+    print(f"\nretriever params: {args.retriever_params}; device: {results['bridge']['device']}")
+    gpu = "gpu_peak_mb" in results["bridge"]
+    print(f"{'row':20} {'seconds':>8} {'peak MB':>9} {'over load MB':>13}" + (f" {'GPU peak MB':>12}" if gpu else ""))
     for row, r in results.items():
-        print(f"{row:20} {r['seconds']:>8.1f} {r['peak_mb']:>9.0f} {r['peak_mb'] - r['loaded_mb']:>13.0f}")
+        print(f"{row:20} {r['seconds']:>8.1f} {r['peak_mb']:>9.0f} {r['peak_mb'] - r['loaded_mb']:>13.0f}"
+              + (f" {r['gpu_peak_mb']:>12.0f}" if gpu else ""))  # fmt: skip
     b, s, so, two = results["bridge"], results["search-r1"], results["second-order"], results["two-state"]
     rb, rt = results["bridge/retriever"], results["two-state/retriever"]
     print(f"\nbridge / search-r1 peak memory: {b['peak_mb'] / s['peak_mb']:.2f}x (target <= 1.10x)")

@@ -193,6 +193,9 @@ def warmstart(
     ] = 1,
     out: Annotated[Path | None, typer.Option(help="Adapter folder (default: the shipped one).")] = None,
     examples_cache: Annotated[Path | None, typer.Option(help="Reuse / keep the built trajectories here.")] = None,
+    device: Annotated[
+        str, typer.Option(help="auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N.")
+    ] = "auto",
 ) -> None:
     """Cold-start SFT of the policy on Search-R1-format trajectories built with the real retriever; writes the
     LoRA adapter (safetensors + manifest.json) that `bridge-rl prepare` merges into the default policy."""
@@ -220,6 +223,7 @@ def warmstart(
         out=out or SHIPPED_ADAPTER_DIR,
         command="bridge-rl " + shlex.join(sys.argv[1:]),
         examples_cache=examples_cache,
+        device=device,
     )
     training = manifest["training"]
     held = training["heldout_loss"]

@@ -173,6 +173,8 @@ class SentenceEncoder(torch.nn.Module):
 
     def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, H) vectors of a tokenized, padded batch: pooled as configured, unit length unless not normalising."""
+        device = self.model.device  # a trainer's GPU tower gets the tokenizer's CPU tensors
+        batch = {k: v.to(device) for k, v in batch.items()}
         out = self.model(**batch)
         pooled = POOLINGS[self.config.pooling](out.last_hidden_state, batch["attention_mask"])  # (B, H)
         return torch.nn.functional.normalize(pooled, dim=-1) if self.config.normalize else pooled
@@ -191,7 +193,7 @@ class SentenceEncoder(torch.nn.Module):
             for chunk in padded_chunks([lengths[i] for i in order], batch_size):
                 rows = [order[i] for i in chunk]
                 batch = self.tokenizer.pad({k: [v[i] for i in rows] for k, v in tokens.items()}, return_tensors="pt")
-                out[rows] = self.embed(batch).float().numpy()
+                out[rows] = self.embed(batch).float().cpu().numpy()
         return out
 
     def save_weights(self, path: Path) -> None:

@@ -15,6 +15,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from services.modeling.encoder import SentenceEncoder
+from services.trainer.device import Placement
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -22,10 +23,12 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 class PolicyModel:
     def __init__(
         self, base_dir: Path, adapter_dir: Path | None, rank: int, alpha: int, seed: int = 0,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype = torch.float32, placement: Placement | None = None,
     ) -> None:  # fmt: skip
         """`seed`: a new adapter's A matrices are drawn from it, whatever the global RNG has done before.
-        `dtype`: float32 to train; a frozen policy that only scores or generates may run in bfloat16."""
+        `dtype`: float32 to train; a frozen policy that only scores or generates may run in bfloat16.
+        `placement`: the device the weights live on and the autocast of forward passes (default: CPU, float32)."""
+        self.placement = placement or Placement.cpu()
         self.tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
         base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype)
         if adapter_dir is not None:
@@ -37,7 +40,12 @@ class PolicyModel:
                 self.model = get_peft_model(base, config)  # B = 0: starts exactly at the base policy
         # No dropout anywhere (LoRA dropout is 0 too): the log-probs a gradient step differentiates are the
         # ones every ratio and Q_theta evaluation divides by.
+        self.model.to(self.placement.device)
         self.model.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.placement.device
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -49,13 +57,14 @@ class PolicyModel:
 
         `temperature`: the policy that sampled is softmax(logits / T) (as verl divides logits by the rollout
         temperature); greedy decoding (T = 0) is scored at T = 1."""
-        input_ids = torch.tensor([list(token_ids)])
+        input_ids = torch.tensor([list(token_ids)], device=self.device)
         keep = len(token_ids) - start + 1
         if reference:
-            with torch.no_grad(), self.model.disable_adapter():
+            with torch.no_grad(), self.model.disable_adapter(), self.placement.forward():
                 logits = self.model(input_ids=input_ids, logits_to_keep=keep).logits
         else:
-            logits = self.model(input_ids=input_ids, logits_to_keep=keep).logits
+            with self.placement.forward():
+                logits = self.model(input_ids=input_ids, logits_to_keep=keep).logits
         logits = logits[0, :-1].float()  # (T - start, V): position p predicts token p + 1
         if temperature > 0 and temperature != 1.0:
             logits = logits / temperature
@@ -81,9 +90,11 @@ class PolicyModel:
             row = list(context) + list(answer_ids)
             input_ids[i, width - len(row) :] = torch.tensor(row)
             attention_mask[i, width - len(row) :] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            logits_to_keep=n_answer + 1).logits[:, :-1].float()  # (M, n_answer, V)  # fmt: skip
+        with self.placement.forward():
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                logits_to_keep=n_answer + 1).logits[:, :-1].float()  # (M, n_answer, V)  # fmt: skip
         targets = input_ids[:, width - n_answer :]  # (M, n_answer)
         return torch.log_softmax(logits, dim=-1).gather(2, targets[..., None])[..., 0].sum(-1)
 
@@ -114,10 +125,12 @@ class RetrieverModel:
         lora_alpha: int = 16,
         seed: int = 0,
         encoder_overrides: dict[str, str | bool] | None = None,
+        placement: Placement | None = None,
     ) -> None:
         """`encoder_overrides`: the BRIDGE_ENCODER_* settings (`settings.encoder_overrides`), as the service has
-        them, for both towers."""
+        them, for both towers. `placement`: as the policy's (default: CPU, float32)."""
         self.params = params
+        self.placement = placement or Placement.cpu()
         overrides = encoder_overrides or {}
         self.query = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32", **overrides)
         lora_file = query_weights.with_name(RETRIEVER_LORA_FILE) if query_weights is not None else None
@@ -138,6 +151,8 @@ class RetrieverModel:
             self.query.load_weights(query_weights)
         self.query.model.eval()
         self.docs = SentenceEncoder.from_pretrained(base_dir, max_length=max_length, dtype="float32", **overrides)
+        self.query.to(self.placement.device)
+        self.docs.to(self.placement.device)
         self._doc_vectors: dict[str, torch.Tensor] = {}
 
     def copy_query(self) -> SentenceEncoder:
@@ -169,5 +184,5 @@ class RetrieverModel:
         if missing:
             vectors = self.docs.encode([texts[i] for i in missing], kind="passage")
             for i, v in zip(missing, vectors, strict=True):
-                self._doc_vectors[i] = torch.from_numpy(v)
+                self._doc_vectors[i] = torch.from_numpy(v).to(self.placement.device)
         return torch.stack([self._doc_vectors[i] for i in ids])

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -66,6 +67,17 @@ class TrainerSettings(CommonSettings):
     )
     retry_backoff_max_s: int = Field(60, ge=1, description="Cap on the wait between two retries, in seconds.")
     retry_jitter: bool = Field(True, description="Draw each wait uniformly from [0, backoff] (full jitter).")
+    device: str = Field(
+        "auto",
+        description="Where the trainer computes: auto (the first CUDA GPU torch sees, else the CPU), cpu, cuda or "
+        "cuda:N. A GPU asked for and not there is an error, never a silent fallback.",
+    )
+    precision: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto",
+        description="Autocast of the trainer's forward passes: auto is bf16 on a GPU that has it and float32 on "
+        "the CPU (the recorded results' numerics); bfloat16 forces it, float32 turns it off. Weights, optimizer "
+        "state and the loss stay float32.",
+    )
     cpus: str | None = Field(
         None,
         description="Cores the worker trains on, as a cpu list ('1', '2-3'); default all. On a box that also "

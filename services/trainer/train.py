@@ -14,6 +14,7 @@ from services.trainer.algo.batch import RoundBatch, build_batch
 from services.trainer.algo.optim import RoundOptimizers
 from services.trainer.algo.round import Coupling, train_policy_phase, train_retriever_phase, train_round
 from services.trainer.checkpoint import policy_version, retriever_version, write_policy, write_retriever
+from services.trainer.device import Placement
 from services.trainer.metrics import rollout_metrics, share_on_version
 from services.trainer.models import PolicyModel, RetrieverModel
 from services.trainer.plan import Phase
@@ -34,7 +35,8 @@ def _fetch_docs(settings: TrainerSettings, ids: set[str]) -> dict[str, tuple[str
 
 
 def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase = "round") -> bool:
-    """The round's optimisation: the whole round ("round"), or a fresh round's retriever or policy half."""
+    """The round's optimisation: the whole round ("round"), or a fresh round's retriever or policy half, on the
+    configured device (`settings.device`, `settings.precision`)."""
     state = RunState.load(settings.runs_dir, run_id)
     if state.next_round > round_index:
         return False
@@ -42,12 +44,22 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
     out = folder / TRAINED[phase]
     if out.exists():
         return True
+    placement = Placement.resolve(settings.device, settings.precision)
+    log.info("run %s round %d (%s) on %s", run_id, round_index, phase, placement.describe())
+    with placement.scope():
+        _train(settings, state, run_id, round_index, phase, placement, out)
+    return True
+
+
+def _train(settings: TrainerSettings, state: RunState, run_id: str, round_index: int, phase: Phase,
+           placement: Placement, out: Path) -> None:  # fmt: skip
+    folder = out.parent
     cfg = state.config.algo
     started = time.perf_counter()
     entry_ids, records = load_round_rollouts(folder / "rollouts.json")
     policy = PolicyModel(
         settings.base_policy_dir, state.policy_adapter and Path(state.policy_adapter), cfg.lora_rank, cfg.lora_alpha,
-        seed=cfg.seed,
+        seed=cfg.seed, placement=placement,
     )  # fmt: skip
     batch = _batch(settings, state, round_index, records, policy)
     items = json.loads((folder / "items.json").read_text())
@@ -83,7 +95,7 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
         retriever = RetrieverModel(
             settings.base_retriever_dir, state.retriever_weights and Path(state.retriever_weights),
             params=cfg.retriever_params, lora_rank=cfg.retriever_lora_rank, lora_alpha=cfg.retriever_lora_alpha,
-            seed=cfg.seed, encoder_overrides=settings.encoder_overrides,
+            seed=cfg.seed, encoder_overrides=settings.encoder_overrides, placement=placement,
         )  # fmt: skip
         if phase == "retriever":
             stats, coupling = train_retriever_phase(policy, retriever, batch, cfg, state.lam, optim)
@@ -102,8 +114,12 @@ def train(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase
     result["stats"] = stats
     result["time/train_s"] = train_s + time.perf_counter() - started
     result["memory/peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["device"] = placement.describe()
+    if placement.device.type == "cuda":
+        import torch
+
+        result["memory/gpu_peak_mb"] = torch.cuda.max_memory_allocated(placement.device) / 2**20
     write_json_atomic(out, result)
-    return True
 
 
 def _batch(settings: TrainerSettings, state: RunState, round_index: int, records, policy: PolicyModel,

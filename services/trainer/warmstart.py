@@ -31,17 +31,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from services.common.answers import normalize_answer
 from services.common.checkpoints import sha256_file
-from services.common.hardware import native_bf16
 from services.common.schemas.policy import TrajectoryRecord, TurnRecord
 from services.common.schemas.retriever import SearchResponse
 from services.eval.datasets import EvalItem, row_fields
 from services.eval.split import EVAL_SPLIT, SplitViolation, training_rows
+
+if TYPE_CHECKING:
+    from services.trainer.device import Placement
 
 # Every dataset with a training pool (musique and bamboogle have none: all their questions are the evaluation split).
 DEFAULT_DATASETS = (
@@ -353,33 +355,39 @@ class TrainResult:
     stopped_early: bool
 
 
-def _sequence_loss(model: Any, example: SFTExample) -> tuple[Any, Any]:
+def _sequence_loss(model: Any, example: SFTExample, placement: Placement | None = None) -> tuple[Any, Any]:
+    """`placement`: the model's device and autocast (default: the CPU, bf16 autocast only where it is native:
+    emulated bf16 is ~85x slower than fp32 on AVX2-only CPUs)."""
     import torch
 
-    ids = torch.tensor([example.input_ids])  # (1, T)
-    mask = torch.tensor([example.loss_mask])  # (1, T)
-    # bf16 autocast only where the CPU has it natively: emulated bf16 is ~85x slower than fp32 (AVX2-only CPUs).
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16()):
+    from services.trainer.device import Placement
+
+    placement = placement or Placement.resolve("cpu", cpu_bf16=True)
+    ids = torch.tensor([example.input_ids], device=placement.device)  # (1, T)
+    mask = torch.tensor([example.loss_mask], device=placement.device)  # (1, T)
+    with placement.forward():
         logits = model(input_ids=ids).logits  # (1, T, V)
     return masked_lm_loss(logits, ids, mask)
 
 
-def heldout_loss(model: Any, examples: Sequence[SFTExample]) -> float:
+def heldout_loss(model: Any, examples: Sequence[SFTExample], placement: Placement | None = None) -> float:
     import torch
 
     total, count = 0.0, 0.0
     model.eval()
     with torch.no_grad():
         for example in examples:
-            loss, n = _sequence_loss(model, example)
+            loss, n = _sequence_loss(model, example, placement)
             total, count = total + float(loss), count + float(n)
     model.train()
     return total / max(count, 1.0)
 
 
-def train_lora(model: Any, train: Sequence[SFTExample], heldout: Sequence[SFTExample], config: WarmstartConfig):
+def train_lora(model: Any, train: Sequence[SFTExample], heldout: Sequence[SFTExample], config: WarmstartConfig,
+               placement: Placement | None = None):  # fmt: skip
     """LoRA SFT: per optimizer step, `batch_size` examples, each loss the mean NLL over the step's agent tokens
-    (token-weighted, as the RL loss is), AdamW, linear warm-up then cosine decay to 10 %."""
+    (token-weighted, as the RL loss is), AdamW, linear warm-up then cosine decay to 10 %. The model is already on
+    `placement`'s device."""
     import torch
     from tqdm import tqdm
 
@@ -404,7 +412,7 @@ def train_lora(model: Any, train: Sequence[SFTExample], heldout: Sequence[SFTExa
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     curve, held = [], []
     started = time.monotonic()
-    held.append({"step": 0, "examples": 0, "loss": heldout_loss(model, heldout)}) if heldout else None
+    held.append({"step": 0, "examples": 0, "loss": heldout_loss(model, heldout, placement)}) if heldout else None
     seen = tokens = 0
     stopped_early = False
     model.train()
@@ -414,7 +422,7 @@ def train_lora(model: Any, train: Sequence[SFTExample], heldout: Sequence[SFTExa
             n_tokens = sum(sum(e.loss_mask[1:]) for e in batch)
             step_loss = 0.0
             for example in batch:
-                loss, _ = _sequence_loss(model, example)
+                loss, _ = _sequence_loss(model, example, placement)
                 (loss / max(n_tokens, 1)).backward()
                 step_loss += float(loss)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -429,7 +437,7 @@ def train_lora(model: Any, train: Sequence[SFTExample], heldout: Sequence[SFTExa
             last = step + 1 == steps
             out_of_time = config.max_minutes is not None and time.monotonic() - started > config.max_minutes * 60
             if heldout and ((step + 1) % config.eval_every == 0 or last or out_of_time):
-                held.append({"step": step + 1, "examples": seen, "loss": heldout_loss(model, heldout)})
+                held.append({"step": step + 1, "examples": seen, "loss": heldout_loss(model, heldout, placement)})
                 bar.write(f"step {step + 1}: held-out loss {held[-1]['loss']:.4f}")
             if out_of_time and not last:
                 stopped_early = True
@@ -558,8 +566,10 @@ def run_warmstart(
     out: Path,
     command: str,
     examples_cache: Path | None = None,
+    device: str = "auto",
 ) -> dict[str, Any]:
-    """Build the trajectories, train the LoRA, write the adapter and its manifest; returns the manifest."""
+    """Build the trajectories, train the LoRA on `device` (auto: a CUDA GPU when torch sees one; bf16 autocast
+    where native), write the adapter and its manifest; returns the manifest."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -594,7 +604,12 @@ def run_warmstart(
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lora)
-    result = train_lora(model, train, heldout, config)
+    from services.trainer.device import Placement
+
+    placement = Placement.resolve(device, cpu_bf16=True)
+    model.to(placement.device)
+    result = train_lora(model, train, heldout, config, placement)
+    model.to("cpu")  # the adapter is written from the CPU (write_adapter casts it to bf16 there)
     trained: dict[str, set[str]] = {}
     for e in train:
         trained.setdefault(e.dataset, set()).add(e.id)
@@ -626,6 +641,7 @@ def run_warmstart(
             "loss_curve": curve_summary(result.curve),
             "heldout_loss": result.heldout,
             "torch": torch.__version__,
+            "device": placement.describe(),
         },
     }
     return write_adapter(model, out, manifest)

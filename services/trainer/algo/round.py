@@ -43,7 +43,8 @@ def candidate_logps(encoder: SentenceEncoder, retriever: RetrieverModel, batch: 
     """log p_phi(. | q) over each search's candidates: softmax(<E_phi(q), e_d> / tau); list of (M,)."""
     if not batch.searches:
         return []
-    queries = encoder([s.query for s in batch.searches])  # (S, H)
+    with retriever.placement.forward():
+        queries = encoder([s.query for s in batch.searches]).float()  # (S, H)
     out = []
     for query, search in zip(queries, batch.searches, strict=True):
         docs = retriever.doc_vectors(search.candidate_ids, batch.doc_texts)  # (M, H)

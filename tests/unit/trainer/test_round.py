@@ -88,8 +88,9 @@ def test_fresh_round_in_two_halves(base_dirs):
     torch.manual_seed(0)
     policy = PolicyModel(policy_dir, None, rank=4, alpha=8)
     retriever = RetrieverModel(retriever_dir, None)
+    # gamma=None: the two-state estimator on the lambda schedule (1 -> 1 + lambda_step), the one that grows
     cfg = AlgoConfig(algo="bridge", estimator="two-state", policy_rollouts="fresh", group_size=2, q_steps=2,
-                     q_candidates=3, retriever_steps=2, policy_lr=1e-3, retriever_lr=1e-4)  # fmt: skip
+                     q_candidates=3, retriever_steps=2, policy_lr=1e-3, retriever_lr=1e-4, gamma=None)  # fmt: skip
     first = build_batch(make_records(policy, retriever), cfg, policy.tokenizer, DOCS)
     before_policy, before_retriever = snapshot(policy.parameters()), snapshot(retriever.query.parameters())
     retriever_stats, coupling = train_retriever_phase(policy, retriever, first, cfg, lam=2.0)
