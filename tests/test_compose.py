@@ -151,6 +151,9 @@ def test_the_worker_waits_for_a_healthy_policy_and_has_a_healthcheck():
     assert (services["worker"]["environment"]["BRIDGE_TRAINER_POLICY_BASE_DIR"]
             == services["policy"]["environment"]["BRIDGE_POLICY_MODEL_DIR"]
             == services["policy-gpu"]["environment"]["BRIDGE_POLICY_MODEL_DIR"])  # fmt: skip
+    # the GPU worker trains on its GPU (a missing one fails the run, never a silent CPU fallback)
+    assert services["worker-gpu"]["environment"]["BRIDGE_TRAINER_DEVICE"] == "cuda"
+    assert "BRIDGE_TRAINER_DEVICE" not in services["worker"]["environment"]  # auto
 
 
 def _mib(size: str) -> float:
@@ -184,4 +187,5 @@ def test_gpu_services_reserve_a_gpu_and_cpu_workers_do_not():
     assert services["vllm"]["profiles"] == ["gpu"] and gpus(services["vllm"]) == ["${BRIDGE_VLLM_GPU:-0}"]
     assert services["worker"]["profiles"] == ["cpu"] and gpus(services["worker"]) == []
     assert services["worker-gpu"]["build"]["args"]["TORCH_INDEX"].startswith("https://download.pytorch.org/whl/cu")
-    assert services["worker-gpu"]["environment"] == services["worker"]["environment"]  # one definition (anchor)
+    gpu_env = {k: v for k, v in services["worker-gpu"]["environment"].items() if k != "BRIDGE_TRAINER_DEVICE"}
+    assert gpu_env == services["worker"]["environment"]  # one definition (anchor), plus the device
