@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from services.trainer.device import Placement
 from tests.conftest import REPO, free_port, policy_env, start_service, stop_service
 
 pytestmark = pytest.mark.slow
@@ -165,6 +166,7 @@ def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(st
     assert all(r["retriever_version"] != new_retriever for r in first)
     trained = json.loads((folder / "trained.json").read_text())
     assert sorted(trained["policy_step/trajectories"]) == sorted(r["id"] for r in fresh)  # the policy used them
+    assert trained["device"] == Placement.resolve().describe()  # the worker's `auto`: here the CPU in float32
 
     assert httpx.get(retriever.url + "/v1/checkpoints").json()["active"] == new_retriever
     assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == new_policy
