@@ -213,7 +213,8 @@ def supervised_step(retriever: RetrieverModel, doc_vecs, ids, rows, optimizer, a
 def algo_config(arm: str, args, steps: int) -> AlgoConfig:
     return AlgoConfig(algo="retriever-only", retriever_objective=arm, group_size=args.group, q_steps=args.batch,
                       q_candidates=args.q_candidates, retriever_lr=args.lr, retriever_steps=args.steps,
-                      seed=args.seed, lr_schedule="constant")  # fmt: skip
+                      seed=args.seed, lr_schedule="constant", retriever_params=args.retriever_params,
+                      q_prior=args.q_prior, beta_q=args.beta_q)  # fmt: skip
 
 
 def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, args, out: Path) -> dict:
@@ -222,8 +223,8 @@ def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, arg
     folder = out / arm
     folder.mkdir(parents=True, exist_ok=True)
     progress_file = folder / "progress.json"
-    retriever = RetrieverModel(models.retriever, None, seed=args.seed)
-    retriever._doc_vectors = dict(zip(ids, doc_vecs, strict=True))  # e_d of the index itself: p_phi scores those
+    retriever = RetrieverModel(models.retriever, None, seed=args.seed, params=args.retriever_params)
+    retriever.use_doc_vectors(ids, doc_vecs)  # e_d of the index itself: p_phi scores those
     batches = [questions[i : i + args.batch] for i in range(0, len(questions), args.batch)]
     cfg = algo_config("both" if arm == "supervised" else arm, args, len(batches))  # supervised: its own Adam
     progress = {"done": 0, "curve": [], "losses": [], "rewards": []}
@@ -276,7 +277,9 @@ def report(start: dict, arms: dict, args, elapsed: float) -> str:
     lines = [f"# The lower level alone ({elapsed / 60:.1f} min wall)", "", f"`{args.command}`", "",
              f"{len(arms)} arms x {args.questions} training questions of {', '.join(args.train_datasets)} in batches "
              f"of {args.batch} (G {args.group} rollouts each for credit/both), M {args.candidates}, top-{args.top_k}, "
-             f"retrieval temperature {args.retrieval_temperature}, lr {args.lr}, K {args.steps}; exact search "
+             f"retrieval temperature {args.retrieval_temperature}, lr {args.lr}, K {args.steps}, "
+             f"{getattr(args, 'retriever_params', 'full')} query tower, q_prior {getattr(args, 'q_prior', False)}, "
+             f"beta_Q {getattr(args, 'beta_q', 1.0)}; exact search "
              f"over {args.corpus_count} passages; evaluation split (first {EVAL_SPLIT}) of each dataset.", "",
              "| dataset | metric | start | " + " | ".join(arms) + " |",
              "|---|---|---|" + "---|" * len(arms)]  # fmt: skip
@@ -331,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--answer-tokens", type=int, default=24)
     parser.add_argument("--generate-batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--retriever-params", choices=["full", "lora"], default="full",
+                        help="What trains: the whole query tower, or a query-side LoRA (the paper's).")  # fmt: skip
+    parser.add_argument("--q-prior", action="store_true",
+                        help="Q_theta as the posterior p_phi0(d) pi(y*|x,d)^(1/beta_Q)")  # fmt: skip
+    parser.add_argument("--beta-q", type=float, default=1.0, help="Q_theta's temperature beta_Q.")
     parser.add_argument("--steps", type=int, default=4, help="K: retriever steps per batch.")
     parser.add_argument("--eval-every", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)

@@ -178,6 +178,10 @@ class RetrieverModel:
         save_file(adapter, str(folder / RETRIEVER_LORA_FILE))
         return [folder / filename, folder / RETRIEVER_LORA_FILE]
 
+    def use_doc_vectors(self, ids: Sequence[str], vectors: torch.Tensor) -> None:
+        """Score against these e_d (N, H) for `ids` (the index's own vectors, as served) instead of encoding."""
+        self._doc_vectors.update(zip(ids, vectors.to(self.placement.device), strict=True))
+
     def doc_vectors(self, ids: list[str], texts: dict[str, str]) -> torch.Tensor:
         """Frozen e_d for the given ids; (M, H). Cached across steps of a round."""
         missing = [i for i in ids if i not in self._doc_vectors]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from experiments.lower_level import eval_rows, train_questions
 from services.eval.split import EVAL_SPLIT
 
@@ -26,3 +28,26 @@ def test_training_questions_come_from_the_pools_interleaved_and_evaluation_from_
     evals = eval_rows(tmp_path)
     assert len(evals["a"]) == EVAL_SPLIT // 2 and len(evals["b"]) == EVAL_SPLIT
     assert all(int(r["id"].split("-")[1]) < EVAL_SPLIT for rows in evals.values() for r in rows)
+
+
+def scored(gold: list[bool], student: float, teacher: float, posterior: float, lps: list[float]) -> dict:
+    return {"gold": gold, "answer_logprobs": lps, "mass/student": student, "mass/teacher": teacher,
+            "mass/posterior": posterior, "top_gold/student": student > 0.5, "top_gold/teacher": teacher > 0.5,
+            "top_gold/posterior": posterior > 0.5}  # fmt: skip
+
+
+def test_teacher_quality_counts_only_questions_that_can_tell_and_compares_gold_mass_per_question():
+    from experiments.teacher_quality import summarise
+
+    rows = [scored([True, False], 0.6, 0.4, 0.7, [-1.0, -3.0]),
+            scored([False, True], 0.3, 0.2, 0.5, [-2.0, -2.5]),
+            scored([False, False], 0.0, 0.0, 0.0, [-1.0, -1.0]),  # no gold among the candidates
+            scored([True, True], 1.0, 1.0, 1.0, [-1.0, -1.0])]  # fmt: skip  # only gold
+    summary = summarise(rows)
+    assert (summary["questions"], summary["informative"]) == (4, 2)
+    assert (summary["no_gold_in_candidates"], summary["all_gold"]) == (1, 1)
+    assert summary["student"]["gold_mass"] == pytest.approx(0.45) and summary["teacher"]["gold_mass"] == 0.30
+    assert summary["teacher"]["vs_student"] == {"more_gold": 0, "less_gold": 2, "p": 0.5}
+    assert summary["posterior"]["vs_student"]["more_gold"] == 2
+    assert summary["student"]["top_is_gold"] == 0.5
+    assert summary["answer_logprob_gap_gold_minus_other"] == (2.0 + 0.5) / 2  # gold minus other, per question

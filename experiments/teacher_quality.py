@@ -1,0 +1,168 @@
+"""Does the lower level's teacher know more than its student? Before training the retriever on Q_theta, measure it.
+
+On training-pool questions (never the evaluation split), each question's first search is scored exactly as a
+round scores it (`build_batch`'s Q samples: the `q_candidates` best of M candidates under the start tower, the
+frozen warm-started policy's log pi(y* | x, d) per candidate). Over those candidates, the probability mass on
+the question's gold supporting passages under
+
+- the student, p_phi0 (softmax of the served scores at the retrieval temperature),
+- the teacher without a prior, Q_theta(d) ∝ pi(y* | x, d)^(1 / beta_Q) (what section 18 trained on),
+- the teacher with the prior (`q_prior`), p_phi0(d) pi(y* | x, d)^(1 / beta_Q) / Z, the posterior,
+
+and how often each one's top candidate is gold. Only questions with a gold passage among the candidates and a
+non-gold one as well can tell anything; the rest are counted and left out. A teacher with less gold mass than the
+student can only move the retriever away from the supporting passages: the target would unlearn, as it did.
+
+    python -m experiments.teacher_quality --qa-dir ../shared/data/qa --corpus-dir ../shared/data/corpus \
+        --questions 96 --out docs/results/teacher-quality
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from bench.script import REPO, prepare_models
+from experiments.lower_level import doc_matrix, load_corpora, rollouts, supporting, train_questions
+from services.eval.stats import bootstrap_questions, sign_test
+from services.trainer.algo.batch import build_batch
+from services.trainer.algo.config import AlgoConfig
+from services.trainer.algo.losses import q_target
+from services.trainer.models import PolicyModel, RetrieverModel
+
+DISTRIBUTIONS = ("student", "teacher", "posterior")
+
+
+def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list[dict]:
+    """One Q sample per question (G = 1, q_steps = the batch), its three distributions over the candidates."""
+    records = rollouts(policy, retriever, doc_vecs, ids, docs, rows, args, rng, generate=False)
+    cfg = AlgoConfig(algo="retriever-only", retriever_objective="target", group_size=1, q_steps=len(records),
+                     q_candidates=args.q_candidates, beta_q=args.beta_q, seed=args.seed)  # fmt: skip
+    batch = build_batch(records, cfg, policy.tokenizer, docs)
+    by_item = {str(r["id"]): r for r in rows}
+    out = []
+    for q in batch.q_samples:
+        search = batch.searches[q.search]
+        record = batch.records[search.trajectory]
+        candidates = [search.candidate_ids[c] for c in q.candidates]
+        gold = set(supporting(by_item[record.item_id]))
+        with torch.no_grad():
+            answer_lp = policy.answer_logprobs(q.context_ids, q.answer_ids).float()
+        dists = {
+            "student": q.log_prior.exp(),
+            "teacher": q_target(answer_lp, args.beta_q),
+            "posterior": q_target(answer_lp, args.beta_q, q.log_prior),
+        }
+        is_gold = torch.tensor([c in gold for c in candidates])
+        out.append({
+            "item": record.item_id, "candidates": candidates, "gold": is_gold.tolist(),
+            "answer_logprobs": answer_lp.tolist(),
+            **{f"mass/{k}": float(v[is_gold].sum()) for k, v in dists.items()},
+            **{f"top_gold/{k}": bool(is_gold[int(v.argmax())]) for k, v in dists.items()},
+        })  # fmt: skip
+    return out
+
+
+def summarise(scored: list[dict]) -> dict:
+    informative = [s for s in scored if 0 < sum(s["gold"]) < len(s["gold"])]
+    summary = {"questions": len(scored), "informative": len(informative),
+               "no_gold_in_candidates": sum(1 for s in scored if not any(s["gold"])),
+               "all_gold": sum(1 for s in scored if all(s["gold"]))}  # fmt: skip
+    if not informative:
+        return summary
+    for name in DISTRIBUTIONS:
+        mass = [s[f"mass/{name}"] for s in informative]
+        interval = bootstrap_questions([[m] for m in mass])
+        summary[name] = {"gold_mass": interval.value, "ci95": [interval.low, interval.high],
+                         "top_is_gold": float(np.mean([s[f"top_gold/{name}"] for s in informative]))}  # fmt: skip
+    student = [s["mass/student"] for s in informative]
+    for name in ("teacher", "posterior"):
+        test = sign_test(student, [s[f"mass/{name}"] for s in informative])
+        summary[name]["vs_student"] = {"more_gold": test.better, "less_gold": test.worse, "p": test.p}
+    gaps = [np.mean([lp for lp, g in zip(s["answer_logprobs"], s["gold"], strict=True) if g])
+            - np.mean([lp for lp, g in zip(s["answer_logprobs"], s["gold"], strict=True) if not g])
+            for s in informative]  # fmt: skip
+    summary["answer_logprob_gap_gold_minus_other"] = float(np.mean(gaps))
+    return summary
+
+
+def report(summary: dict, args, elapsed: float) -> str:
+    lines = [f"# Teacher quality ({elapsed / 60:.1f} min wall)", "", f"`{args.command}`", "",
+             f"{summary['questions']} training-pool questions of {', '.join(args.train_datasets)}; "
+             f"{summary['informative']} informative (a gold passage and a non-gold one among the "
+             f"{args.q_candidates} candidates; {summary['no_gold_in_candidates']} had no gold, {summary['all_gold']} "
+             f"only gold). beta_Q {args.beta_q}, retrieval temperature {args.retrieval_temperature}.", ""]  # fmt: skip
+    if summary["informative"]:
+        lines += ["| distribution | gold mass (95 % CI) | top candidate is gold | vs student (more/less, p) |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for name in DISTRIBUTIONS:
+            s = summary[name]
+            versus = s.get("vs_student")
+            cell = f"+{versus['more_gold']}/−{versus['less_gold']}, p {versus['p']:.2g}" if versus else "—"
+            lines.append(f"| {name} | {s['gold_mass']:.3f} ({s['ci95'][0]:.3f}–{s['ci95'][1]:.3f}) | "
+                         f"{s['top_is_gold']:.3f} | {cell} |")  # fmt: skip
+        lines += ["", f"mean log pi(y* | x, gold) − log pi(y* | x, other): "
+                      f"{summary['answer_logprob_gap_gold_minus_other']:+.3f} nats"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--qa-dir", type=Path, required=True)
+    parser.add_argument("--corpus-dir", type=Path, required=True)
+    parser.add_argument("--train-datasets", type=lambda s: s.split(","), default=["2wikimultihopqa", "hotpotqa"])
+    parser.add_argument("--questions", type=int, default=96, help="Training-pool questions scored.")
+    parser.add_argument("--batch", type=int, default=8, help="Questions scored per policy batch.")
+    parser.add_argument("--candidates", type=int, default=20, help="M: candidates of the search.")
+    parser.add_argument("--q-candidates", type=int, default=5, help="The round's Q candidates (its default).")
+    parser.add_argument("--beta-q", type=float, default=1.0)
+    parser.add_argument("--retrieval-temperature", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "lower-level")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "teacher-quality")
+    return parser
+
+
+def main() -> None:
+    from services.cli.prepare import prepare_warmstart_model
+    from services.common.hardware import resolve_dtype
+
+    args = build_parser().parse_args()
+    args.command = "python -m experiments.teacher_quality " + shlex.join(sys.argv[1:])
+    args.group, args.top_k, args.rollout_temperature = 1, 3, 1.0  # what `rollouts` reads; nothing is generated
+    started = time.perf_counter()
+    torch.manual_seed(args.seed)
+    models = prepare_models(args.work)
+    warm = args.work / "models" / "warmstart"
+    prepare_warmstart_model(warm, models.policy)
+    policy = PolicyModel(warm, None, 8, 16, seed=args.seed, dtype=getattr(torch, resolve_dtype("auto")))
+    retriever = RetrieverModel(models.retriever, None, seed=args.seed)
+    docs = load_corpora(args.corpus_dir)
+    ids = list(docs)
+    doc_vecs = doc_matrix(models.retriever, docs, args.work / "doc_vectors.pt")
+    retriever.use_doc_vectors(ids, doc_vecs)
+    questions = train_questions(args.qa_dir, args.train_datasets, args.questions, args.seed)
+    scored = []
+    for b in tqdm(range(0, len(questions), args.batch), desc="Q_theta", unit="batch"):
+        rng = np.random.default_rng(args.seed * 1_000_003 + b)
+        scored += score_batch(policy, retriever, doc_vecs, ids, docs, questions[b : b + args.batch], args, rng)
+    summary = summarise(scored)
+    elapsed = time.perf_counter() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({"command": args.command, "summary": summary,
+                                                       "questions": scored, "wall_s": elapsed}, indent=1))  # fmt: skip
+    text = report(summary, args, elapsed)
+    (args.out / "results.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
