@@ -46,7 +46,7 @@ def test_teacher_quality_counts_only_questions_that_can_tell_and_compares_gold_m
     summary = summarise(rows)
     assert (summary["questions"], summary["informative"]) == (4, 2)
     assert (summary["no_gold_in_candidates"], summary["all_gold"]) == (1, 1)
-    assert summary["student"]["gold_mass"] == pytest.approx(0.45) and summary["teacher"]["gold_mass"] == 0.30
+    assert summary["student"]["gold_mass"] == pytest.approx(0.45) and summary["teacher"]["gold_mass"] == pytest.approx(0.30)
     assert summary["teacher"]["vs_student"] == {"more_gold": 0, "less_gold": 2, "p": 0.5}
     assert summary["posterior"]["vs_student"]["more_gold"] == 2
     assert summary["student"]["top_is_gold"] == 0.5
