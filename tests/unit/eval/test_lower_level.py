@@ -50,4 +50,4 @@ def test_teacher_quality_counts_only_questions_that_can_tell_and_compares_gold_m
     assert summary["teacher"]["vs_student"] == {"more_gold": 0, "less_gold": 2, "p": 0.5}
     assert summary["posterior"]["vs_student"]["more_gold"] == 2
     assert summary["student"]["top_is_gold"] == 0.5
-    assert summary["answer_logprob_gap_gold_minus_other"] == (2.0 + 0.5) / 2  # gold minus other, per question
+    assert summary["answer_logprob_gap_gold_minus_other"] == (2.0 - 0.5) / 2  # gold minus other, per question
