@@ -39,6 +39,7 @@ from services.trainer.algo.losses import q_target
 from services.trainer.models import PolicyModel, RetrieverModel
 
 DISTRIBUTIONS = ("student", "teacher", "posterior")
+BETA_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list[dict]:
@@ -64,7 +65,7 @@ def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list
         is_gold = torch.tensor([c in gold for c in candidates])
         out.append({
             "item": record.item_id, "candidates": candidates, "gold": is_gold.tolist(),
-            "answer_logprobs": answer_lp.tolist(),
+            "answer_logprobs": answer_lp.tolist(), "log_prior": q.log_prior.tolist(),
             **{f"mass/{k}": float(v[is_gold].sum()) for k, v in dists.items()},
             **{f"top_gold/{k}": bool(is_gold[int(v.argmax())]) for k, v in dists.items()},
         })  # fmt: skip
@@ -91,7 +92,18 @@ def summarise(scored: list[dict]) -> dict:
             - np.mean([lp for lp, g in zip(s["answer_logprobs"], s["gold"], strict=True) if not g])
             for s in informative]  # fmt: skip
     summary["answer_logprob_gap_gold_minus_other"] = float(np.mean(gaps))
+    summary["posterior_by_beta_q"] = {str(beta): posterior_gold_mass(informative, beta) for beta in BETA_GRID}
     return summary
+
+
+def posterior_gold_mass(informative: list[dict], beta_q: float) -> float:
+    """Mean gold mass of the posterior at another beta_Q, from the stored log-probs (no forward): how strongly the
+    policy's evidence may re-weight the retriever before it stops helping, chosen on training questions."""
+    masses = []
+    for s in informative:
+        posterior = q_target(torch.tensor(s["answer_logprobs"]), beta_q, torch.tensor(s["log_prior"]))
+        masses.append(float(posterior[torch.tensor(s["gold"])].sum()))
+    return float(np.mean(masses))
 
 
 def report(summary: dict, args, elapsed: float) -> str:
@@ -110,7 +122,10 @@ def report(summary: dict, args, elapsed: float) -> str:
             lines.append(f"| {name} | {s['gold_mass']:.3f} ({s['ci95'][0]:.3f}–{s['ci95'][1]:.3f}) | "
                          f"{s['top_is_gold']:.3f} | {cell} |")  # fmt: skip
         lines += ["", f"mean log pi(y* | x, gold) − log pi(y* | x, other): "
-                      f"{summary['answer_logprob_gap_gold_minus_other']:+.3f} nats"]  # fmt: skip
+                      f"{summary['answer_logprob_gap_gold_minus_other']:+.3f} nats", "",
+                  "posterior gold mass by beta_Q (student: "
+                  f"{summary['student']['gold_mass']:.3f}): "
+                  + ", ".join(f"{b}: {m:.3f}" for b, m in summary["posterior_by_beta_q"].items())]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,7 @@ the evaluation split, both with supporting passages."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -31,8 +32,8 @@ def test_training_questions_come_from_the_pools_interleaved_and_evaluation_from_
 
 
 def scored(gold: list[bool], student: float, teacher: float, posterior: float, lps: list[float]) -> dict:
-    return {"gold": gold, "answer_logprobs": lps, "mass/student": student, "mass/teacher": teacher,
-            "mass/posterior": posterior, "top_gold/student": student > 0.5, "top_gold/teacher": teacher > 0.5,
+    return {"gold": gold, "answer_logprobs": lps, "log_prior": [-0.7, -0.7], "mass/student": student,
+            "mass/teacher": teacher, "mass/posterior": posterior, "top_gold/student": student > 0.5, "top_gold/teacher": teacher > 0.5,
             "top_gold/posterior": posterior > 0.5}  # fmt: skip
 
 
@@ -46,8 +47,12 @@ def test_teacher_quality_counts_only_questions_that_can_tell_and_compares_gold_m
     summary = summarise(rows)
     assert (summary["questions"], summary["informative"]) == (4, 2)
     assert (summary["no_gold_in_candidates"], summary["all_gold"]) == (1, 1)
-    assert summary["student"]["gold_mass"] == pytest.approx(0.45) and summary["teacher"]["gold_mass"] == pytest.approx(0.30)
+    assert summary["student"]["gold_mass"] == pytest.approx(0.45)
+    assert summary["teacher"]["gold_mass"] == pytest.approx(0.30)
     assert summary["teacher"]["vs_student"] == {"more_gold": 0, "less_gold": 2, "p": 0.5}
     assert summary["posterior"]["vs_student"]["more_gold"] == 2
     assert summary["student"]["top_is_gold"] == 0.5
     assert summary["answer_logprob_gap_gold_minus_other"] == (2.0 - 0.5) / 2  # gold minus other, per question
+    by_beta = summary["posterior_by_beta_q"]  # a flat prior: the posterior is the policy's softmax at beta_Q
+    assert by_beta["1.0"] == pytest.approx((math.exp(-1) / (math.exp(-1) + math.exp(-3)) + 1 / (1 + math.exp(0.5))) / 2)
+    assert by_beta["0.25"] > by_beta["4.0"]  # the sharper policy puts more on the first question's gold
