@@ -33,8 +33,8 @@ def test_training_questions_come_from_the_pools_interleaved_and_evaluation_from_
 
 def scored(gold: list[bool], student: float, teacher: float, posterior: float, lps: list[float]) -> dict:
     return {"gold": gold, "answer_logprobs": lps, "log_prior": [-0.7, -0.7], "mass/student": student,
-            "mass/teacher": teacher, "mass/posterior": posterior, "top_gold/student": student > 0.5, "top_gold/teacher": teacher > 0.5,
-            "top_gold/posterior": posterior > 0.5}  # fmt: skip
+            "mass/teacher": teacher, "mass/posterior": posterior, "top_gold/student": student > 0.5,
+            "top_gold/teacher": teacher > 0.5, "top_gold/posterior": posterior > 0.5}  # fmt: skip
 
 
 def test_teacher_quality_counts_only_questions_that_can_tell_and_compares_gold_mass_per_question():
