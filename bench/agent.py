@@ -15,7 +15,12 @@ questions (the demo set) three ways, side by side in one run:
 Targets, printed as ratios: >= 8x the baseline's questions/s at concurrency 32, >= 0.9x vLLM's raw tokens/s at
 the same concurrency, and a trained checkpoint's tokens/s >= 0.9x the base model's.
 
-    python -m bench.agent [--questions 64] [--max-turns 1] [--max-tokens 48] [--no-lora-row]
+    python -m bench.agent [--questions 64] [--max-turns 1] [--max-tokens 48] [--no-lora-row] [--repeat 3]
+
+The services start once and every row is measured `--repeat` times (default 3; the LoRA row's repeats run after
+the merged ones, on their own service); every ratio is printed per repeat, then as its median and spread with the
+CPU, and written to `--json` (docs/results/bench/agent.json, which `python -m tools.perf_table --write` puts in
+docs/performance.md).
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import json
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from bench.baselines.sequential_agent import answer as baseline_answer
+from bench.repeat import Ratios, add_repeat_arguments, finish, repeat
 from bench.script import DEMO_DATA, prepare_models, script_parser
 from services.cli.ingest import ingest_file
 from services.common.checkpoints import publish_checkpoint, staging_dir
@@ -105,12 +112,18 @@ def publish_trained(policy_data_dir: Path, version: str = "trained") -> str:
     return version
 
 
-def activate_trained(policy) -> str:
-    version = publish_trained(Path(policy.data_dir))
-    headers = {"Authorization": f"Bearer {policy.token}"}
+def admin(policy) -> dict[str, str]:
+    return {"Authorization": f"Bearer {policy.token}"}
+
+
+def active_version(policy) -> str:
+    return httpx.get(policy.url + "/v1/checkpoints", timeout=30).json()["active"]
+
+
+def activate(policy, version: str) -> None:
+    """Register `version` (a no-op when it already is: the registry keys it by its folder) and serve it."""
     for path, body in (("/v1/checkpoints", {"path": version}), (f"/v1/checkpoints/{version}/activate", None)):
-        httpx.post(policy.url + path, json=body, headers=headers, timeout=600).raise_for_status()
-    return version
+        httpx.post(policy.url + path, json=body, headers=admin(policy), timeout=600).raise_for_status()
 
 
 def row(label: str, r: dict, raw: float | None = None) -> str:
@@ -118,13 +131,101 @@ def row(label: str, r: dict, raw: float | None = None) -> str:
     return f"{label:26} {r['qps']:>7.2f} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['tok_s']:>10.1f}{extra}"
 
 
-def main() -> None:
+def run_baseline(questions: list[str], tokenizer, vllm_url: str, retriever_url: str, args) -> dict:
+    """The same protocol one question at a time in a plain loop against the same vLLM server."""
+    started, produced = time.perf_counter(), 0
+    latencies = []
+    with httpx.Client(base_url=vllm_url, timeout=600) as vllm, httpx.Client(base_url=retriever_url) as ret:
+        for q in questions:
+            t0 = time.perf_counter()
+            _, tokens = baseline_answer(q, tokenizer, vllm, ret, max_turns=args.max_turns, max_tokens=args.max_tokens)
+            latencies.append(time.perf_counter() - t0)
+            produced += tokens
+    elapsed = time.perf_counter() - started
+    return {
+        "qps": len(questions) / elapsed,
+        "p50": percentile(latencies, 0.5),
+        "p99": percentile(latencies, 0.99),
+        "tok_s": produced / elapsed,
+    }
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every repetition drives: the services, the questions and their bare prompts."""
+
+    retriever_url: str
+    vllm_url: str
+    tokenizer: object
+    questions: list[str]
+    prompts: list[str]
+
+
+def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: int, service32: list[dict]) -> Ratios:
+    """One repetition on the merged-serving service: the baseline, the service at 1/8/32 against raw vLLM, and the
+    trained checkpoint (like for like on raw vLLM, then as an agent). Appends the service@32 row to `service32`."""
+    if index:  # the previous repetition left the trained weights in; warm the reloaded base up as at the start
+        activate(policy, base)
+        asyncio.run(run_service(policy.url, setup.questions[:2], 2, args.max_turns))
+    baseline = run_baseline(setup.questions, setup.tokenizer, setup.vllm_url, setup.retriever_url, args)
+    print(f"\n{len(setup.questions)} questions, max_turns {args.max_turns}, {args.max_tokens} tokens/turn, greedy")
+    print(f"{'':26} {'q/s':>7} {'p50 s':>7} {'p99 s':>7} {'gen tok/s':>10} {'raw vLLM tok/s':>15}")
+    print(row("baseline (1 by 1)", baseline))
+    results = {}
+    for concurrency in (1, 8, 32):
+        r = asyncio.run(run_service(policy.url, setup.questions, concurrency, args.max_turns))
+        raw = asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, concurrency, args.max_tokens))
+        r["raw"] = raw
+        results[concurrency] = r
+        print(row(f"service, conc {concurrency}", r, raw))
+    # Like for like: the same prompts, exactly max_tokens each, before and after the trained weights go in
+    # (merged serving reloads them in place under the same served model name).
+    same_work = [asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True))]
+    activate(policy, trained)
+    same_work.append(asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True)))
+    print(f"raw vLLM tok/s at 32, same prompts, {args.max_tokens} tokens each: "
+          f"base {same_work[0]:.1f}, trained (merged) {same_work[1]:.1f}")  # fmt: skip
+    merged = asyncio.run(run_service(policy.url, setup.questions, 32, args.max_turns))
+    print(row("trained, merged, conc 32", merged))
+    r32 = results[32]
+    service32.append(r32)
+    ratios = {
+        "qps/service@32_over_baseline": r32["qps"] / baseline["qps"],
+        "tok_s/service@32_over_raw_vllm@32": r32["tok_s"] / r32["raw"],
+        "tok_s/trained_merged_over_base@32_same_work": same_work[1] / same_work[0],
+        "agent_tok_s/trained_merged_over_base@32": merged["tok_s"] / r32["tok_s"],
+    }
+    print(f"\nquestions/s ratio service@32 / baseline: {ratios['qps/service@32_over_baseline']:.2f}x (target >= 8x)")
+    print(f"generated tok/s ratio service@32 / raw vLLM@32: {ratios['tok_s/service@32_over_raw_vllm@32']:.2f}x "
+          f"(target >= 0.9x)")  # fmt: skip
+    print(f"trained policy tok/s ratio trained (merged)/base at 32, identical work: "
+          f"{ratios['tok_s/trained_merged_over_base@32_same_work']:.2f}x (target >= 0.9x)")  # fmt: skip
+    # Not like for like: the trained policy searches and answers where the raw base rambles.
+    print(f"agent tok/s ratio trained (merged)/base at 32: {ratios['agent_tok_s/trained_merged_over_base@32']:.2f}x")
+    return ratios
+
+
+def measure_lora(policy, setup: Setup, args, base32: dict) -> float:
+    """The trained checkpoint served as a LoRA adapter at 32 (already active): its agent tok/s over the base's."""
+    lora = asyncio.run(run_service(policy.url, setup.questions, 32, args.max_turns))
+    print(row("trained, LoRA, conc 32", lora))
+    ratio = lora["tok_s"] / base32["tok_s"]
+    print(f"agent tok/s ratio trained (lora)/base at 32: {ratio:.2f}x")
+    return ratio
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--max-turns", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--no-lora-row", action="store_true", help="Skip the trained checkpoint served as LoRA.")
-    args = parser.parse_args()
+    cost = ("The services start once, the rows repeat: one whole run with --questions 32 took ~7.5 min on a 2-core "
+            "AMX machine (bf16) and ~13.5 min on AVX2 only (fp32), start-up included; the default 64 questions take "
+            "about twice that a repetition.")  # fmt: skip
+    add_repeat_arguments(parser, "agent", cost=cost)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
 
     models = prepare_models(args.work)
     questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_train.jsonl").open()]
@@ -142,63 +243,24 @@ def main() -> None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(env["BRIDGE_POLICY_MODEL_DIR"])
+        prompts = [tokenizer.decode(tokenizer(q)["input_ids"]) for q in questions]
+        setup = Setup(retriever.url, vllm_url, tokenizer, questions, prompts)
         # Warm-up: one question through the service (vLLM's first requests are slower).
         asyncio.run(run_service(policy.url, questions[:2], 2, args.max_turns))
-
-        started, produced = time.perf_counter(), 0
-        latencies = []
-        with httpx.Client(base_url=vllm_url, timeout=600) as vllm, httpx.Client(base_url=retriever.url) as ret:
-            for q in questions:
-                t0 = time.perf_counter()
-                _, tokens = baseline_answer(
-                    q, tokenizer, vllm, ret, max_turns=args.max_turns, max_tokens=args.max_tokens
-                )
-                latencies.append(time.perf_counter() - t0)
-                produced += tokens
-        elapsed = time.perf_counter() - started
-        baseline = {
-            "qps": len(questions) / elapsed,
-            "p50": percentile(latencies, 0.5),
-            "p99": percentile(latencies, 0.99),
-            "tok_s": produced / elapsed,
-        }
-
-        print(f"\n{len(questions)} questions, max_turns {args.max_turns}, {args.max_tokens} tokens/turn, greedy")
-        print(f"{'':26} {'q/s':>7} {'p50 s':>7} {'p99 s':>7} {'gen tok/s':>10} {'raw vLLM tok/s':>15}")
-        print(row("baseline (1 by 1)", baseline))
-        results = {}
-        prompts = [tokenizer.decode(tokenizer(q)["input_ids"]) for q in questions]
-        for concurrency in (1, 8, 32):
-            r = asyncio.run(run_service(policy.url, questions, concurrency, args.max_turns))
-            raw = asyncio.run(raw_vllm(vllm_url, prompts, concurrency, args.max_tokens))
-            r["raw"] = raw
-            results[concurrency] = r
-            print(row(f"service, conc {concurrency}", r, raw))
-        # Like for like: the same prompts, exactly max_tokens each, before and after the trained weights go in
-        # (merged serving reloads them in place under the same served model name).
-        same_work = [asyncio.run(raw_vllm(vllm_url, prompts, 32, args.max_tokens, fixed_length=True))]
-        activate_trained(policy)
-        same_work.append(asyncio.run(raw_vllm(vllm_url, prompts, 32, args.max_tokens, fixed_length=True)))
-        print(f"raw vLLM tok/s at 32, same prompts, {args.max_tokens} tokens each: "
-              f"base {same_work[0]:.1f}, trained (merged) {same_work[1]:.1f}")  # fmt: skip
-        trained = {"merged": asyncio.run(run_service(policy.url, questions, 32, args.max_turns))}
-        print(row("trained, merged, conc 32", trained["merged"]))
+        base, trained = active_version(policy), publish_trained(Path(policy.data_dir))
+        service32: list[dict] = []
+        runs = repeat(lambda i: measure_merged(policy, setup, args, base, trained, i, service32), args.repeat)
         if not args.no_lora_row:
             stop_service(policy)  # one engine at a time on the cores
             env = {**env, "BRIDGE_POLICY_ADAPTER_SERVING": "lora"}
             policy = start_service("policy", tmp / "policy-lora", env, timeout=900)
-            activate_trained(policy)
+            activate(policy, publish_trained(Path(policy.data_dir)))
             asyncio.run(run_service(policy.url, questions[:2], 2, args.max_turns))  # warm-up, as above
-            trained["lora"] = asyncio.run(run_service(policy.url, questions, 32, args.max_turns))
-            print(row("trained, LoRA, conc 32", trained["lora"]))
-        r32 = results[32]
-        print(f"\nquestions/s ratio service@32 / baseline: {r32['qps'] / baseline['qps']:.2f}x (target >= 8x)")
-        print(f"generated tok/s ratio service@32 / raw vLLM@32: {r32['tok_s'] / r32['raw']:.2f}x (target >= 0.9x)")
-        print(f"trained policy tok/s ratio trained (merged)/base at 32, identical work: "
-              f"{same_work[1] / same_work[0]:.2f}x (target >= 0.9x)")  # fmt: skip
-        for how, r in trained.items():
-            # Not like for like: the trained policy searches and answers where the raw base rambles.
-            print(f"agent tok/s ratio trained ({how})/base at 32: {r['tok_s'] / r32['tok_s']:.2f}x")
+            for index, (run, base32) in enumerate(zip(runs, service32, strict=True)):
+                print(f"\n=== LoRA serving, repeat {index + 1}/{len(runs)}")
+                run["agent_tok_s/trained_lora_over_base@32"] = measure_lora(policy, setup, args, base32)
+        context = {"questions": len(questions), "max_turns": args.max_turns, "max_tokens": args.max_tokens}
+        finish("agent", args, runs, started, context=context, argv=argv)
     finally:
         stop_service(policy)
         stop_service(retriever)

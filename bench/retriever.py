@@ -10,7 +10,11 @@ supporting documents for both, the throughput ratios (target: >= 2.0x at batch 1
 vs exact >= 0.99), and the physical floor: the queries/s of the encoder's forward alone, in this process, on the
 same queries in batches of one and of `--concurrency` (what a micro-batching server can at best gather).
 
-    python -m bench.retriever [--queries 512] [--concurrency 8]
+    python -m bench.retriever [--queries 512] [--concurrency 8] [--repeat 3]
+
+The servers start once; the throughput table, the ratios and the floor are measured `--repeat` times (default 3),
+then every ratio's median and spread is printed with the CPU and written to `--json`
+(docs/results/bench/retriever.json, which `python -m tools.perf_table --write` puts in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.repeat import Ratios, add_repeat_arguments, finish, repeat
 from bench.script import REPO, SHARED_DATA, prepare_models, script_parser
 from services.common.hardware import resolve_dtype
 from services.common.stats import percentile
@@ -138,12 +143,46 @@ def encoder_floor(encoder: SentenceEncoder, queries: list[str], batch_size: int,
     return sum(len(b) for b in batches) / (time.perf_counter() - started)
 
 
-def main() -> None:
+def measure_throughput(servers: dict[str, tuple], encoder: SentenceEncoder, queries: list[str],
+                       concurrency: int) -> Ratios:  # fmt: skip
+    """One repetition: both servers at batch 1 and 32 (a table), the throughput ratios, and the encoder's floor."""
+    print(f"\n{'':10} {'batch':>5} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8}   concurrency {concurrency}")
+    ratios, ours_b1 = {}, 0.0
+    for batch_size in (1, 32):
+        batches = [queries[i : i + batch_size] for i in range(0, len(queries), batch_size)]
+        if batch_size == 32:
+            batches = batches * 4  # enough requests for stable percentiles
+        results = {}
+        for name, (url, path, body) in servers.items():
+            results[name] = asyncio.run(drive(url, path, body, batches, concurrency))
+            r = results[name]
+            print(f"{name:10} {batch_size:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}")
+        ratios[f"qps/ours_over_baseline@batch{batch_size}"] = results["ours"]["qps"] / results["baseline"]["qps"]
+        if batch_size == 1:
+            ours_b1 = results["ours"]["qps"]
+    print()
+    for batch_size in (1, 32):
+        target = "2.0x" if batch_size == 1 else "1.0x"
+        ratio = ratios[f"qps/ours_over_baseline@batch{batch_size}"]
+        print(f"throughput ratio ours/baseline at batch {batch_size}: {ratio:.2f}x (target >= {target})")
+    # The floor, measured with the servers idle: only the forward pass, no HTTP, index or batching window.
+    floor = {n: encoder_floor(encoder, queries, n) for n in (1, concurrency)}
+    ratios[f"qps/ours@batch1_over_encoder_floor@{concurrency}"] = ours_b1 / floor[concurrency]
+    print(f"encoder floor: {floor[1]:.0f} q/s one query per forward, {floor[concurrency]:.0f} q/s "
+          f"{concurrency} per forward; ours at batch 1 reaches {ours_b1 / floor[concurrency]:.0%} "
+          f"of the latter")  # fmt: skip
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--data", type=Path, default=SHARED_DATA)
     parser.add_argument("--queries", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=8)
-    args = parser.parse_args()
+    add_repeat_arguments(parser, "retriever", cost="The servers start once; a repetition (both servers at batch 1 "
+                         "and 32, the encoder floor) takes under a minute on 2 cores.")  # fmt: skip
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
 
     encoder_dir = prepare_models(args.work, policy=False).retriever
     docs = load_corpus(args.data)
@@ -234,36 +273,16 @@ def main() -> None:
             )
             quality[name] = (vs_exact, support)
 
-        print(f"\n{'':10} {'batch':>5} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8}   concurrency {args.concurrency}")
-        ratios = {}
-        for batch_size in (1, 32):
-            batches = [queries[i : i + batch_size] for i in range(0, len(queries), batch_size)]
-            if batch_size == 32:
-                batches = batches * 4  # enough requests for stable percentiles
-            results = {}
-            for name, url, path, body in (
-                ("baseline", base_url, "/retrieve", base_body),
-                ("ours", ours_url, "/v1/search", ours_body),
-            ):
-                results[name] = asyncio.run(drive(url, path, body, batches, args.concurrency))
-                r = results[name]
-                print(f"{name:10} {batch_size:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}")
-            ratios[batch_size] = results["ours"]["qps"] / results["baseline"]["qps"]
-            if batch_size == 1:
-                ours_b1 = results["ours"]["qps"]
         print()
-        for name, (vs_exact, support) in quality.items():
+        for name, (vs_exact, support) in quality.items():  # the same vectors every repeat: measured once
             print(
                 f"{name:10} recall@10 vs exact search {vs_exact:.3f}   hotpotqa supporting-doc recall@10 {support:.3f}"
             )
-        for batch_size, ratio in ratios.items():
-            target = "2.0x" if batch_size == 1 else "1.0x"
-            print(f"throughput ratio ours/baseline at batch {batch_size}: {ratio:.2f}x (target >= {target})")
-        # The floor, measured with the servers idle: only the forward pass, no HTTP, index or batching window.
-        floor = {n: encoder_floor(encoder, queries, n) for n in (1, args.concurrency)}
-        print(f"encoder floor: {floor[1]:.0f} q/s one query per forward, {floor[args.concurrency]:.0f} q/s "
-              f"{args.concurrency} per forward; ours at batch 1 reaches {ours_b1 / floor[args.concurrency]:.0%} "
-              f"of the latter")  # fmt: skip
+        servers = {"baseline": (base_url, "/retrieve", base_body), "ours": (ours_url, "/v1/search", ours_body)}
+        runs = repeat(lambda _: measure_throughput(servers, encoder, queries, args.concurrency), args.repeat)
+        context = {"passages": len(docs), "queries": len(queries), "concurrency": args.concurrency, "dtype": DTYPE,
+                   "recall10_vs_exact": {name: round(float(q[0]), 4) for name, q in quality.items()}}  # fmt: skip
+        finish("retriever", args, runs, started, context=context, argv=argv)
     finally:
         for proc in (ours, baseline):
             proc.terminate()

@@ -8,11 +8,16 @@ search on the same vectors. Encoding the query is not included (one MiniLM forwa
 bench/retriever.py measures the whole service).
 
     python -m bench.scale [--sizes 32000 256000 1000000] [--engines edge client exact] [--client-max 256000]
+                          [--repeat 3] [--json docs/results/bench/scale.json]
     python -m bench.scale --plot docs/results/scale.json docs/results/scale-1m.json   # one plot of saved runs
 
 qdrant-client's local mode (`path=`, no server) keeps points in Python objects and searches them by brute force; it
 ingests ~1k points/s, so it is skipped above `--client-max`. A Qdrant server (`QDRANT_URL`) is what that engine
 is for at scale; this bench measures the local mode the embedded stack could fall back to.
+
+Every size x engine runs `--repeat` times (default 3; the rows of every repeat go to `--out`, the plot draws their
+medians); each exact/edge latency ratio is printed per repeat and then as its median and spread, with the CPU, and
+written to `--json` for docs/performance.md's headline table (`python -m tools.perf_table --write`).
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.repeat import Ratios, add_repeat_arguments, command_line, finish, median_rows, repeat
 from bench.script import REPO, script_parser
 from services.common.stats import percentile
 
 DIM = 384
 ENGINES = ("edge", "client", "exact")
+PLOTTED = ("p50_ms", "ingest_s", "memory_mb")  # what plot() draws: the median over repeats
 
 
 def synthetic(n: int, seed: int) -> np.ndarray:
@@ -139,7 +146,46 @@ def plot(rows: list[dict], out: Path) -> None:
     fig.savefig(out)
 
 
-def main() -> None:
+def run_row(engine: str, n: int, queries: int, seed: int) -> dict | str:
+    """One row in a fresh process (its own peak memory): the row, or why it failed."""
+    command = [sys.executable, "-m", "bench.scale", "--row", engine, str(n), "--queries", str(queries),
+               "--seed", str(seed)]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"failed: {done.stderr.strip().splitlines()[-1:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1]) | {"wall_s": time.perf_counter() - started}
+
+
+def measure_sizes(args: argparse.Namespace, index: int, rows: list[dict]) -> Ratios:
+    """One repetition: every size x engine, printed as a table; appends the rows, returns exact/edge latency."""
+    print(f"{'engine':8} {'passages':>9} {'ingest s':>9} {'p50 ms':>8} {'p99 ms':>8} {'q/s':>8} "
+          f"{'mem MB':>8} {'peak MB':>8} {'disk MB':>8} {'recall@10':>9}", flush=True)  # fmt: skip
+    these = []
+    for n in args.sizes:
+        for engine in args.engines:
+            if engine == "client" and n > args.client_max:
+                print(f"{engine:8} {n:>9}   skipped (above --client-max {args.client_max})", flush=True)
+                continue
+            row = run_row(engine, n, args.queries, args.seed)
+            if isinstance(row, str):
+                print(f"{engine:8} {n:>9}   {row}", flush=True)
+                continue
+            these.append(row | {"repeat": index})
+            print(f"{engine:8} {n:>9} {row['ingest_s']:>9.1f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
+                  f"{row['qps']:>8.0f} {row['memory_mb']:>8.0f} {row['peak_mb']:>8.0f} {row['disk_mb']:>8.0f} "
+                  f"{row['recall10']:>9.3f}", flush=True)  # fmt: skip
+    ratios = {}
+    for n in args.sizes:
+        by = {r["engine"]: r for r in these if r["n"] == n}
+        if "edge" in by and "exact" in by:
+            ratios[f"p50_ms/exact_over_edge@{n}"] = ratio = by["exact"]["p50_ms"] / by["edge"]["p50_ms"]
+            print(f"latency ratio exact/edge at {n} passages: {ratio:.2f}x")
+    rows.extend(these)
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = script_parser(__doc__, seed=0, out=REPO / "docs" / "results" / "scale.json")
     parser.add_argument("--sizes", type=int, nargs="+", default=[32_000, 256_000, 1_000_000])
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
@@ -148,42 +194,25 @@ def main() -> None:
     parser.add_argument("--row", nargs=2, metavar=("ENGINE", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--plot", type=Path, nargs="+", metavar="JSON",
                         help="Only plot the rows of these saved runs, to the first one's .png.")  # fmt: skip
-    args = parser.parse_args()
+    add_repeat_arguments(parser, "scale", cost="Long: one repetition at the default sizes is ~25 min on 2 cores "
+                         "(Edge ingests 1M points in ~13 min), so the default 3 take over an hour; "
+                         "--sizes 32000 256000 --client-max 32000 took ~5 min a repetition.")  # fmt: skip
+    args = parser.parse_args(argv)
     if args.plot:
-        plot([r for f in args.plot for r in json.loads(f.read_text())["rows"]], args.plot[0].with_suffix(".png"))
+        rows = [r for f in args.plot for r in json.loads(f.read_text())["rows"]]
+        plot(median_rows(rows, ("engine", "n"), PLOTTED), args.plot[0].with_suffix(".png"))
         return
     if args.row:
         print(json.dumps(measure(args.row[0], int(args.row[1]), args.queries, args.seed)))
         return
 
-    rows = []
-    print(f"{'engine':8} {'passages':>9} {'ingest s':>9} {'p50 ms':>8} {'p99 ms':>8} {'q/s':>8} "
-          f"{'mem MB':>8} {'peak MB':>8} {'disk MB':>8} {'recall@10':>9}", flush=True)  # fmt: skip
-    for n in args.sizes:
-        for engine in args.engines:
-            if engine == "client" and n > args.client_max:
-                print(f"{engine:8} {n:>9}   skipped (above --client-max {args.client_max})", flush=True)
-                continue
-            command = [sys.executable, "-m", "bench.scale", "--row", engine, str(n), "--queries", str(args.queries),
-                       "--seed", str(args.seed)]  # fmt: skip
-            started = time.perf_counter()
-            done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-            if done.returncode != 0:
-                print(f"{engine:8} {n:>9}   failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
-                continue
-            row = json.loads(done.stdout.strip().splitlines()[-1]) | {"wall_s": time.perf_counter() - started}
-            rows.append(row)
-            print(f"{engine:8} {n:>9} {row['ingest_s']:>9.1f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
-                  f"{row['qps']:>8.0f} {row['memory_mb']:>8.0f} {row['peak_mb']:>8.0f} {row['disk_mb']:>8.0f} "
-                  f"{row['recall10']:>9.3f}", flush=True)  # fmt: skip
-    for n in args.sizes:
-        by = {r["engine"]: r for r in rows if r["n"] == n}
-        if "edge" in by and "exact" in by:
-            print(f"latency ratio exact/edge at {n} passages: {by['exact']['p50_ms'] / by['edge']['p50_ms']:.2f}x")
+    started, rows = time.perf_counter(), []
+    runs = repeat(lambda index: measure_sizes(args, index, rows), args.repeat)
+    finish("scale", args, runs, started, context={"sizes": args.sizes, "queries": args.queries}, argv=argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": "python -m bench.scale " + " ".join(sys.argv[1:]), "rows": rows},
-                                   indent=1))  # fmt: skip
-    plot(rows, args.out.with_suffix(".png"))
+    command = command_line("scale", argv)
+    args.out.write_text(json.dumps({"command": command, "repeat": args.repeat, "rows": rows}, indent=1))
+    plot(median_rows(rows, ("engine", "n"), PLOTTED), args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,11 @@ backward through the retriever) and the mixed term by a further backward through
 Targets: bridge at most 1.10x search-r1's peak memory, and below the second-order baseline's; the paper
 reports the two-state estimator's retriever update at 2x bridge's memory and 2.3x its time.
 
-    python -m bench.train_round [--retriever-params lora]
+    python -m bench.train_round [--retriever-params lora] [--repeat 3]
+
+The six rows run `--repeat` times (default 3, ~15 min each on 2 cores); every ratio is printed per repeat, then as
+its median and spread with the CPU, and written to `--json` (docs/results/bench/train_round.json, which
+`python -m tools.perf_table --write` puts in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from bench.repeat import Ratios, add_repeat_arguments, finish, repeat
 from bench.script import Models, models_in, prepare_models, run_module, script_parser
 from services.common.schemas.policy import TrajectoryRecord
 from services.trainer.algo.batch import build_batch
@@ -181,30 +186,15 @@ def _run_one(row: str, models: Models, batch_file: Path, retriever_params: str, 
     return {"row": row, "seconds": seconds, "peak_mb": rss_mb(), "loaded_mb": loaded, "q_samples": len(batch.q_samples)}
 
 
-def main() -> None:
-    parser = script_parser(__doc__)
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    parser.add_argument("--batch", type=Path, help="Reuse (or create) the batch file here.")
-    parser.add_argument("--retriever-params", choices=["full", "lora"], default="full",
-                        help="What the retriever trains: the query tower, or a query-side LoRA.")  # fmt: skip
-    parser.add_argument("--q-steps", type=int, help="Q subsample: search steps scored by Q_theta (config default).")
-    parser.add_argument("--device", default="auto", help="Where the rounds train: auto (a CUDA GPU when torch "
-                        "sees one), cpu, cuda, cuda:N.")  # fmt: skip
-    args = parser.parse_args()
-    if args.one:
-        print(json.dumps(run_one(args.one, models_in(args.work), args.batch, args.retriever_params, args.q_steps,
-                                 args.device)))  # fmt: skip
-        return
-    models = prepare_models(args.work)
-    batch_file = args.batch or Path(tempfile.mkdtemp()) / "batch.json"
-    if not batch_file.exists():
-        make_batch_file(models, batch_file)
+def measure_rows(args: argparse.Namespace, batch_file: Path, results_by_repeat: list[dict]) -> Ratios:
+    """One repetition: every row in its own process, printed as a table, and the ratios between them."""
     results = {}
     for row in ROWS:
         out = run_module("bench.train_round", "--one", row, "--batch", str(batch_file),
                          "--retriever-params", args.retriever_params, "--work", str(args.work),
                          "--device", args.device)  # fmt: skip
         results[row] = json.loads(out.strip().splitlines()[-1])
+    results_by_repeat.append(results)
     print(f"\nretriever params: {args.retriever_params}; device: {results['bridge']['device']}")
     gpu = "gpu_peak_mb" in results["bridge"]
     print(f"{'row':20} {'seconds':>8} {'peak MB':>9} {'over load MB':>13}" + (f" {'GPU peak MB':>12}" if gpu else ""))
@@ -213,15 +203,55 @@ def main() -> None:
               + (f" {r['gpu_peak_mb']:>12.0f}" if gpu else ""))  # fmt: skip
     b, s, so, two = results["bridge"], results["search-r1"], results["second-order"], results["two-state"]
     rb, rt = results["bridge/retriever"], results["two-state/retriever"]
-    print(f"\nbridge / search-r1 peak memory: {b['peak_mb'] / s['peak_mb']:.2f}x (target <= 1.10x)")
-    print(f"bridge / search-r1 seconds: {b['seconds'] / s['seconds']:.2f}x")
-    print(f"bridge / second-order peak memory: {b['peak_mb'] / so['peak_mb']:.2f}x (target < 1.0x)")
-    print(f"two-state / bridge round: peak memory {two['peak_mb'] / b['peak_mb']:.2f}x, "
-          f"seconds {two['seconds'] / b['seconds']:.2f}x")  # fmt: skip
     over_b, over_t = rb["peak_mb"] - rb["loaded_mb"], rt["peak_mb"] - rt["loaded_mb"]
-    print(f"retriever update, two-state / bridge: memory over load {over_t / max(over_b, 1):.2f}x "
-          f"({over_t:.0f} vs {over_b:.0f} MB), seconds {rt['seconds'] / rb['seconds']:.2f}x "
+    ratios = {
+        "peak_mb/bridge_over_search-r1": b["peak_mb"] / s["peak_mb"],
+        "seconds/bridge_over_search-r1": b["seconds"] / s["seconds"],
+        "peak_mb/bridge_over_second-order": b["peak_mb"] / so["peak_mb"],
+        "peak_mb/two-state_over_bridge": two["peak_mb"] / b["peak_mb"],
+        "seconds/two-state_over_bridge": two["seconds"] / b["seconds"],
+        "over_load_mb/two-state_over_bridge@retriever_update": over_t / max(over_b, 1),
+        "seconds/two-state_over_bridge@retriever_update": rt["seconds"] / rb["seconds"],
+    }
+    if gpu:  # on a GPU the host RSS says little; the device's own peak is the memory figure
+        ratios["gpu_peak_mb/bridge_over_search-r1"] = b["gpu_peak_mb"] / s["gpu_peak_mb"]
+    print(f"\nbridge / search-r1 peak memory: {ratios['peak_mb/bridge_over_search-r1']:.2f}x (target <= 1.10x)")
+    print(f"bridge / search-r1 seconds: {ratios['seconds/bridge_over_search-r1']:.2f}x")
+    print(f"bridge / second-order peak memory: {ratios['peak_mb/bridge_over_second-order']:.2f}x (target < 1.0x)")
+    print(f"two-state / bridge round: peak memory {ratios['peak_mb/two-state_over_bridge']:.2f}x, "
+          f"seconds {ratios['seconds/two-state_over_bridge']:.2f}x")  # fmt: skip
+    print(f"retriever update, two-state / bridge: memory over load "
+          f"{ratios['over_load_mb/two-state_over_bridge@retriever_update']:.2f}x "
+          f"({over_t:.0f} vs {over_b:.0f} MB), seconds {ratios['seconds/two-state_over_bridge@retriever_update']:.2f}x "
           f"(paper: 62.3 vs 31.3 GiB = 1.99x, 104.5 vs 46.2 s = 2.26x)")  # fmt: skip
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = script_parser(__doc__)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=Path, help="Reuse (or create) the batch file here.")
+    parser.add_argument("--retriever-params", choices=["full", "lora"], default="full",
+                        help="What the retriever trains: the query tower, or a query-side LoRA.")  # fmt: skip
+    parser.add_argument("--q-steps", type=int, help="Q subsample: search steps scored by Q_theta (config default).")
+    parser.add_argument("--device", default="auto", help="Where the rounds train: auto (a CUDA GPU when torch "
+                        "sees one), cpu, cuda, cuda:N.")  # fmt: skip
+    add_repeat_arguments(parser, "train_round", cost="Long: one repetition (six rounds, each in a fresh process) "
+                         "is ~15 min on 2 CPU cores, so the default 3 take ~45 min.")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_one(args.one, models_in(args.work), args.batch, args.retriever_params, args.q_steps,
+                                 args.device)))  # fmt: skip
+        return
+    started = time.perf_counter()
+    models = prepare_models(args.work)
+    batch_file = args.batch or Path(tempfile.mkdtemp()) / "batch.json"
+    if not batch_file.exists():
+        make_batch_file(models, batch_file)
+    results_by_repeat: list[dict] = []
+    runs = repeat(lambda _: measure_rows(args, batch_file, results_by_repeat), args.repeat)
+    context = {"retriever_params": args.retriever_params, "device": results_by_repeat[0]["bridge"]["device"]}
+    finish("train_round", args, runs, started, context=context, argv=argv)
 
 
 if __name__ == "__main__":

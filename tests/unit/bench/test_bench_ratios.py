@@ -1,0 +1,126 @@
+"""The repeat wiring of the benches that start models or services: each repetition's ratios come from that
+repetition's rows, --repeat runs the measurement that many times, and every ratio docs/performance.md's headline
+table reads is one the bench reports. Fakes stand in for the rounds, servers and engines (no model is loaded)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from bench import agent, retriever, round_scaling, train_round
+from tools.perf_table import HEADLINES
+
+
+def headline_keys(bench: str) -> set[str]:
+    return {h.key for h in HEADLINES if h.bench == bench}
+
+
+def test_train_round_repeats_its_rows_and_reports_their_ratios(tmp_path, monkeypatch):
+    peak = {"search-r1": 1000.0, "bridge": 1050.0, "two-state": 2000.0, "second-order": 3000.0,
+            "bridge/retriever": 700.0, "two-state/retriever": 900.0}  # fmt: skip
+    calls = itertools.count()
+
+    def fake_module(module: str, *args: str) -> str:
+        assert module == "bench.train_round" and args[0] == "--one"
+        row, repeat = args[1], next(calls) // len(peak)
+        seconds = {"bridge": 12.0 + repeat}.get(row, 10.0)
+        result = {"row": row, "seconds": seconds, "peak_mb": peak[row], "loaded_mb": 500.0, "q_samples": 4,
+                  "device": "cpu, fp32"}  # fmt: skip
+        return "a log line\n" + json.dumps(result) + "\n"
+
+    monkeypatch.setattr(train_round, "run_module", fake_module)
+    monkeypatch.setattr(train_round, "prepare_models", lambda work: None)
+    batch, record = tmp_path / "batch.json", tmp_path / "train_round.json"
+    batch.write_text("{}")  # there already: no rollouts are built
+    train_round.main(["--work", str(tmp_path), "--batch", str(batch), "--repeat", "3", "--json", str(record)])
+
+    data = json.loads(record.read_text())
+    assert next(calls) == 3 * len(peak)  # every row, three times
+    ratios = data["ratios"]
+    assert ratios["seconds/bridge_over_search-r1"]["repeats"] == [1.2, 1.3, 1.4]
+    assert ratios["peak_mb/bridge_over_search-r1"]["median"] == pytest.approx(1.05)
+    assert ratios["over_load_mb/two-state_over_bridge@retriever_update"]["median"] == pytest.approx(2.0)
+    assert data["context"] == {"retriever_params": "full", "device": "cpu, fp32"}
+    assert headline_keys("train_round") <= set(ratios)
+
+
+def test_round_scaling_repeats_every_round_and_reports_per_shape_ratios(tmp_path, monkeypatch):
+    calls = itertools.count()
+
+    def fake_round(row: str, batch, work, q_steps: int | None = None) -> dict:
+        repeat = next(calls) // 5  # 2 shapes x 2 rows + one Q-subsample round (q 8 is the 8x4 bridge row)
+        seconds = {"search-r1": 10.0, "bridge": 12.0 + repeat}[row] + (q_steps or 8)
+        return {"row": row, "seconds": seconds, "peak_mb": 1000.0, "loaded_mb": 500.0, "q_samples": q_steps or 8}
+
+    monkeypatch.setattr(round_scaling, "round_row", fake_round)
+    monkeypatch.setattr(round_scaling, "prepare_models", lambda work: None)
+    monkeypatch.setattr(round_scaling, "plot", lambda rows, out: out.write_text(json.dumps(rows)))
+    (tmp_path / "round-scaling").mkdir()
+    (tmp_path / "round-scaling" / "rollouts-8x4.json").write_text(json.dumps({"records": [], "docs": {}}))
+    record, out = tmp_path / "round_scaling.json", tmp_path / "rows.json"
+    round_scaling.main(["--work", str(tmp_path), "--shapes", "4x2", "8x4", "--q-steps", "2", "8", "--repeat", "2",
+                        "--json", str(record), "--out", str(out)])  # fmt: skip
+
+    data = json.loads(record.read_text())
+    assert next(calls) == 10
+    ratios = data["ratios"]
+    assert ratios["seconds/bridge_over_search-r1@8x4"]["repeats"] == [20 / 18, 21 / 18]
+    assert ratios["bridge_per_extra_q_sample@8x4_s"]["repeats"] == [pytest.approx(1.0)] * 2  # (20 - 14) / 6
+    assert headline_keys("round_scaling") <= set(ratios)
+    assert len(json.loads(out.read_text())["rows"]) == 2 * 6  # 5 rounds and the reused 8x4 row, each repeat
+    assert len(json.loads(out.with_suffix(".png").read_text())) == 6  # the plot gets their medians
+
+
+def test_retriever_repetition_reports_both_batches_and_the_floor(monkeypatch):
+    async def fake_drive(url: str, path: str, body_for, batches, concurrency: int) -> dict:
+        return {"qps": 210.0 if url == "ours" else 100.0, "p50_ms": 5.0, "p99_ms": 9.0}
+
+    monkeypatch.setattr(retriever, "drive", fake_drive)
+    monkeypatch.setattr(retriever, "encoder_floor", lambda encoder, queries, batch_size: 300.0)
+    servers = {"baseline": ("baseline", "/retrieve", None), "ours": ("ours", "/v1/search", None)}
+    ratios = retriever.measure_throughput(servers, None, ["a question"] * 64, 8)
+    assert ratios == {
+        "qps/ours_over_baseline@batch1": 2.1,
+        "qps/ours_over_baseline@batch32": 2.1,
+        "qps/ours@batch1_over_encoder_floor@8": 0.7,
+    }
+    assert headline_keys("retriever") <= set(ratios)
+
+
+def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
+    activated = []
+
+    async def fake_service(url: str, questions, concurrency: int, max_turns: int) -> dict:
+        trained = bool(activated) and activated[-1] == "trained"
+        return {"qps": 4.0 * concurrency**0.5, "p50": 1.0, "p99": 2.0, "tok_s": 50.0 if trained else 100.0}
+
+    async def fake_raw(url: str, prompts, concurrency: int, max_tokens: int, fixed_length: bool = False) -> float:
+        return 190.0 if activated and activated[-1] == "trained" else 200.0
+
+    monkeypatch.setattr(agent, "run_service", fake_service)
+    monkeypatch.setattr(agent, "raw_vllm", fake_raw)
+    monkeypatch.setattr(agent, "run_baseline", lambda *a: {"qps": 2.0, "p50": 1.0, "p99": 1.0, "tok_s": 20.0})
+    monkeypatch.setattr(agent, "activate", lambda policy, version: activated.append(version))
+    setup = agent.Setup("retriever", "vllm", None, ["q"] * 4, ["q"] * 4)
+    args = argparse.Namespace(max_turns=1, max_tokens=48)
+    service32: list[dict] = []
+    policy = SimpleNamespace(url="policy")
+    runs = [agent.measure_merged(policy, setup, args, "base", "trained", i, service32) for i in range(2)]
+
+    assert activated == ["trained", "base", "trained"]  # the second repetition re-activates the base first
+    assert (
+        runs[0]
+        == runs[1]
+        == {
+            "qps/service@32_over_baseline": pytest.approx(4.0 * 32**0.5 / 2.0),
+            "tok_s/service@32_over_raw_vllm@32": 0.5,
+            "tok_s/trained_merged_over_base@32_same_work": 0.95,
+            "agent_tok_s/trained_merged_over_base@32": 0.5,
+        }
+    )
+    assert len(service32) == 2 and agent.measure_lora(policy, setup, args, service32[0]) == 0.5
+    assert headline_keys("agent") <= set(runs[0])
