@@ -45,7 +45,8 @@ BETA_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
 def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list[dict]:
     """One Q sample per question (G = 1, q_steps = the batch), its three distributions over the candidates."""
     records = rollouts(policy, retriever, doc_vecs, ids, docs, rows, args, rng, generate=False)
-    cfg = AlgoConfig(algo="retriever-only", retriever_objective="target", group_size=1, q_steps=len(records),
+    # group_size only shapes GRPO's advantages, unused here (the config asks for >= 2; each question has one search)
+    cfg = AlgoConfig(algo="retriever-only", retriever_objective="target", group_size=2, q_steps=len(records),
                      q_candidates=args.q_candidates, beta_q=args.beta_q, seed=args.seed)  # fmt: skip
     batch = build_batch(records, cfg, policy.tokenizer, docs)
     by_item = {str(r["id"]): r for r in rows}
@@ -135,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--corpus-dir", type=Path, required=True)
     parser.add_argument("--train-datasets", type=lambda s: s.split(","), default=["2wikimultihopqa", "hotpotqa"])
     parser.add_argument("--questions", type=int, default=96, help="Training-pool questions scored.")
-    parser.add_argument("--batch", type=int, default=8, help="Questions scored per policy batch.")
+    parser.add_argument("--batch", type=int, default=8, help="Questions scored per policy batch (even).")
     parser.add_argument("--candidates", type=int, default=20, help="M: candidates of the search.")
     parser.add_argument("--q-candidates", type=int, default=5, help="The round's Q candidates (its default).")
     parser.add_argument("--beta-q", type=float, default=1.0)
