@@ -34,3 +34,15 @@ def test_the_cpu_kv_cache_holds_the_same_tokens_in_fp32_unless_a_size_is_fixed(m
     assert cpu_kv_cache_bytes(fixed, "bfloat16") == cpu_kv_cache_bytes(fixed, "float32") == int(1.5 * 2**30)
     with pytest.raises(ValueError):
         PolicySettings(vllm_cpu_kv_cache_tokens=10)
+
+
+def test_the_engine_environment_turns_off_the_aot_compile_that_never_loads_unless_the_user_set_it(policy_models_root):
+    from services.policy.backends.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(PolicySettings(model_dir=str(policy_models_root / "SmolLM2-135M-Instruct")))
+    env = engine.environment({"PATH": "/bin"})
+    assert env["VLLM_USE_AOT_COMPILE"] == "0" and env["PATH"] == "/bin"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["VLLM_CACHE_ROOT"].endswith("vllm-cache")
+    kept = engine.environment({"VLLM_USE_AOT_COMPILE": "1", "VLLM_CACHE_ROOT": "/c", "VLLM_CPU_OMP_THREADS_BIND": "1"})
+    names = ("VLLM_USE_AOT_COMPILE", "VLLM_CACHE_ROOT", "VLLM_CPU_OMP_THREADS_BIND")
+    assert tuple(kept[n] for n in names) == ("1", "/c", "1")
