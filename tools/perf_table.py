@@ -12,7 +12,6 @@ typed in by hand; the single-run figures stay in the hand-written sections below
 
 from __future__ import annotations
 
-import argparse
 import json
 import operator
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench.repeat import BENCH_RESULTS, unit
+from tools.generated_section import replace_section, run
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "performance.md"
@@ -115,31 +115,11 @@ def table(results: Path = BENCH_RESULTS) -> str:
 
 def render(page: str, results: Path = BENCH_RESULTS) -> str:
     """`page` with the text between the markers replaced by the current table."""
-    head, found, rest = page.partition(BEGIN)
-    _, found_end, tail = rest.partition(END)
-    if not (found and found_end):
-        raise SystemExit(f"{PAGE}: markers not found ({BEGIN!r} ... {END!r})")
-    return f"{head}{BEGIN}\n\n{table(results)}\n{END}{tail}"
+    return replace_section(page, BEGIN, END, table(results), PAGE)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help=f"Rewrite the table in {PAGE.relative_to(REPO)}.")
-    group.add_argument("--check", action="store_true", help="Exit 1 when the page's table is stale.")
-    args = parser.parse_args(argv)
-    if not (args.write or args.check):
-        print(table())
-        return 0
-    page = PAGE.read_text()
-    current = render(page)
-    if args.write:
-        PAGE.write_text(current)
-        return 0
-    if current != page:
-        print(f"{PAGE.relative_to(REPO)} is stale: run `python -m tools.perf_table --write`", file=sys.stderr)
-        return 1
-    return 0
+    return run(argv, __doc__, PAGE, PAGE.relative_to(REPO), "tools.perf_table", table, render)
 
 
 if __name__ == "__main__":

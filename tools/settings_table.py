@@ -11,7 +11,6 @@ the fields it adds; the common ones are read by every process.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 import types
@@ -21,6 +20,8 @@ from pathlib import Path
 
 from pydantic import AliasChoices
 from pydantic_core import PydanticUndefined
+
+from tools.generated_section import replace_section, run
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "configuration.md"
@@ -103,31 +104,11 @@ def table() -> str:
 
 def render(page: str) -> str:
     """`page` with the text between the markers replaced by the current table."""
-    head, found, rest = page.partition(BEGIN)
-    _, found_end, tail = rest.partition(END)
-    if not (found and found_end):
-        raise SystemExit(f"{PAGE}: markers not found ({BEGIN!r} ... {END!r})")
-    return f"{head}{BEGIN}\n\n{table()}\n{END}{tail}"
+    return replace_section(page, BEGIN, END, table(), PAGE)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help=f"Rewrite the table in {PAGE.relative_to(REPO)}.")
-    group.add_argument("--check", action="store_true", help="Exit 1 when the page's table is stale.")
-    args = parser.parse_args(argv)
-    if not (args.write or args.check):
-        print(table())
-        return 0
-    page = PAGE.read_text()
-    current = render(page)
-    if args.write:
-        PAGE.write_text(current)
-        return 0
-    if current != page:
-        print(f"{PAGE.relative_to(REPO)} is stale: run `python -m tools.settings_table --write`", file=sys.stderr)
-        return 1
-    return 0
+    return run(argv, __doc__, PAGE, PAGE.relative_to(REPO), "tools.settings_table", table, render)
 
 
 if __name__ == "__main__":
