@@ -347,23 +347,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def frozen_warm_start(work: Path, seed: int):
+    """The tiny models under `work` and the warm-started policy, frozen: it only scores Q_theta and answers, so it
+    runs in the precision vLLM serves it in."""
+    from services.cli.prepare import prepare_warmstart_model
+    from services.common.hardware import resolve_dtype
+
+    models = prepare_models(work)
+    warm = work / "models" / "warmstart"
+    prepare_warmstart_model(warm, models.policy)
+    return models, PolicyModel(warm, None, 8, 16, seed=seed, dtype=getattr(torch, resolve_dtype("auto")))
+
+
 def main() -> None:
     import shlex
     import sys
-
-    from services.cli.prepare import prepare_warmstart_model
 
     args = build_parser().parse_args()
     args.command = "python -m experiments.lower_level " + shlex.join(sys.argv[1:])
     started = time.perf_counter()
     torch.manual_seed(args.seed)
-    models = prepare_models(args.work)
-    warm = args.work / "models" / "warmstart"
-    prepare_warmstart_model(warm, models.policy)
-    from services.common.hardware import resolve_dtype
-
-    # Frozen: it only scores Q_theta and answers, so it runs in the precision vLLM serves it in.
-    policy = PolicyModel(warm, None, 8, 16, seed=args.seed, dtype=getattr(torch, resolve_dtype("auto")))
+    models, policy = frozen_warm_start(args.work, args.seed)
     docs = load_corpora(args.corpus_dir)
     ids = list(docs)
     args.corpus_count = len(ids)

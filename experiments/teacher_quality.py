@@ -30,13 +30,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bench.script import REPO, prepare_models
-from experiments.lower_level import doc_matrix, load_corpora, rollouts, supporting, train_questions
+from bench.script import REPO
+from experiments.lower_level import doc_matrix, frozen_warm_start, load_corpora, rollouts, supporting, train_questions
 from services.eval.stats import bootstrap_questions, sign_test
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import q_target
-from services.trainer.models import PolicyModel, RetrieverModel
+from services.trainer.models import RetrieverModel
 
 DISTRIBUTIONS = ("student", "teacher", "posterior")
 BETA_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -148,18 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    from services.cli.prepare import prepare_warmstart_model
-    from services.common.hardware import resolve_dtype
-
     args = build_parser().parse_args()
     args.command = "python -m experiments.teacher_quality " + shlex.join(sys.argv[1:])
     args.group, args.top_k, args.rollout_temperature = 1, 3, 1.0  # what `rollouts` reads; nothing is generated
     started = time.perf_counter()
     torch.manual_seed(args.seed)
-    models = prepare_models(args.work)
-    warm = args.work / "models" / "warmstart"
-    prepare_warmstart_model(warm, models.policy)
-    policy = PolicyModel(warm, None, 8, 16, seed=args.seed, dtype=getattr(torch, resolve_dtype("auto")))
+    models, policy = frozen_warm_start(args.work, args.seed)
     retriever = RetrieverModel(models.retriever, None, seed=args.seed)
     docs = load_corpora(args.corpus_dir)
     ids = list(docs)
