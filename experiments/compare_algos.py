@@ -109,7 +109,7 @@ def run_rounds(stack, config) -> str:
     return config.run_id
 
 
-def train(stack, algo: str, budget: Budget, seed: int, q_prior: bool = False) -> tuple[str, list[dict]]:
+def train(stack, algo: str, budget: Budget, seed: int, q_prior: bool = True) -> tuple[str, list[dict]]:
     from services.trainer.algo.config import AlgoConfig
     from services.trainer.run_state import RunConfig, read_metrics
 
@@ -211,7 +211,9 @@ def main() -> None:
     parser.add_argument("--retriever-port", type=int, default=8201)
     parser.add_argument("--vllm-port", type=int, default=8211, help="The policy's vLLM server (not a default stack's).")
     parser.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
-    parser.add_argument("--q-prior", action="store_true", help="Q_theta as the posterior (AlgoConfig.q_prior).")
+    parser.add_argument("--q-prior", action=argparse.BooleanOptionalAction, default=True,
+                        help="Q_theta as the posterior (AlgoConfig.q_prior, the default); --no-q-prior: the "
+                        "likelihood alone (sections 2-3 of docs/results.md ran with it).")  # fmt: skip
     args = parser.parse_args()
     changes = {f.name: getattr(args, f.name) for f in fields(Budget) if getattr(args, f.name) is not None}
     budget = replace(BUDGETS[args.budget], **changes)

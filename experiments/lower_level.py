@@ -278,7 +278,7 @@ def report(start: dict, arms: dict, args, elapsed: float) -> str:
              f"{len(arms)} arms x {args.questions} training questions of {', '.join(args.train_datasets)} in batches "
              f"of {args.batch} (G {args.group} rollouts each for credit/both), M {args.candidates}, top-{args.top_k}, "
              f"retrieval temperature {args.retrieval_temperature}, lr {args.lr}, K {args.steps}, "
-             f"{getattr(args, 'retriever_params', 'full')} query tower, q_prior {getattr(args, 'q_prior', False)}, "
+             f"{getattr(args, 'retriever_params', 'full')} query tower, q_prior {getattr(args, 'q_prior', True)}, "
              f"beta_Q {getattr(args, 'beta_q', 1.0)}; exact search "
              f"over {args.corpus_count} passages; evaluation split (first {EVAL_SPLIT}) of each dataset.", "",
              "| dataset | metric | start | " + " | ".join(arms) + " |",
@@ -336,8 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--retriever-params", choices=["full", "lora"], default="full",
                         help="What trains: the whole query tower, or a query-side LoRA (the paper's).")  # fmt: skip
-    parser.add_argument("--q-prior", action="store_true",
-                        help="Q_theta as the posterior p_phi0(d) pi(y*|x,d)^(1/beta_Q)")  # fmt: skip
+    parser.add_argument("--q-prior", action=argparse.BooleanOptionalAction, default=True,
+                        help="Q_theta as the posterior p_phi0(d) pi(y*|x,d)^(1/beta_Q) (AlgoConfig.q_prior, the "
+                        "default); --no-q-prior: the likelihood alone (sections 18-19's `target`).")  # fmt: skip
     parser.add_argument("--beta-q", type=float, default=1.0, help="Q_theta's temperature beta_Q.")
     parser.add_argument("--steps", type=int, default=4, help="K: retriever steps per batch.")
     parser.add_argument("--eval-every", type=int, default=8)

@@ -83,7 +83,10 @@ def train(
     max_turns: Annotated[int | None, typer.Option(min=0, max=8, help="Searches per rollout.")] = None,
     q_prior: Annotated[
         bool | None,
-        typer.Option(help="Q_theta as the posterior p_deployed(d) pi(y*|x,d)^(1/beta_Q): re-weight, not replace."),
+        typer.Option(
+            help="Q_theta as the posterior p_deployed(d) pi(y*|x,d)^(1/beta_Q), the paper's L_RAG (default), or "
+            "--no-q-prior: the policy's likelihood alone (an ablation; it unlearns with a weak policy).",
+        ),
     ] = None,
     policy_rollouts: Annotated[
         PolicyRollouts | None,

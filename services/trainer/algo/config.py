@@ -71,9 +71,10 @@ class AlgoConfig(BaseModel):
     q_candidates: int = Field(5, ge=2, le=50, description="Candidates per step scored by the policy for Q.")
     q_doc_tokens: int = Field(128, ge=16, le=512, description="Document tokens kept in x + d + y* sequences.")
     q_prior: bool = Field(
-        False,
-        description="Q_theta as the posterior p_deployed(d) pi(y*|x,d)^(1/beta_Q) / Z: a weak policy re-weights the "
-        "serving retriever instead of replacing it (docs/results.md, section 3).",
+        True,
+        description="Q_theta as the posterior p_deployed(d) pi(y*|x,d)^(1/beta_Q) / Z (at beta_Q 1 its KL is the "
+        "gradient of the paper's L_RAG, the RAG answer likelihood); false: the likelihood alone, "
+        "pi(y*|x,d)^(1/beta_Q), which a weak policy's retriever unlearns from (docs/results.md, sections 3, 19).",
     )
     # coupling
     gamma: float | None = Field(

@@ -168,3 +168,23 @@ def test_numpy_and_torch_plackett_luce_agree():
         chosen = gumbel_top_k(logits, 4, rng)
         torch_value = plackett_luce_logprob_torch(torch.tensor(logits), torch.tensor(chosen))
         assert float(torch_value) == pytest.approx(plackett_luce_logprob(logits, chosen), abs=1e-9)
+
+
+def test_default_round_fits_the_retriever_to_the_posterior():
+    """The default target is the posterior (the paper's L_RAG at beta_Q 1), not the likelihood alone, which a weak
+    policy's retriever unlearns from (docs/results.md, section 19)."""
+    from types import SimpleNamespace
+
+    from services.trainer.algo.batch import QSample
+    from services.trainer.algo.config import AlgoConfig
+    from services.trainer.algo.round import compute_q
+
+    answer_lp = torch.tensor([0.0, 1.0])
+    log_prior = torch.log(torch.tensor([0.75, 0.25]))
+    policy = SimpleNamespace(answer_logprobs=lambda contexts, answer: answer_lp)
+    sample = QSample(search=0, candidates=[0, 1], context_ids=[[1], [2]], answer_ids=[3], log_prior=log_prior)
+    batch = SimpleNamespace(q_samples=[sample])
+    e = math.e
+    assert torch.allclose(compute_q(policy, batch, AlgoConfig()), torch.tensor([[3 / (3 + e), e / (3 + e)]]))
+    likelihood = compute_q(policy, batch, AlgoConfig(q_prior=False))
+    assert torch.allclose(likelihood, torch.tensor([[1 / (1 + e), e / (1 + e)]]))
