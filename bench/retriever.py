@@ -10,7 +10,11 @@ supporting documents for both, the throughput ratios (target: >= 2.0x at batch 1
 vs exact >= 0.99), and the physical floor: the queries/s of the encoder's forward alone, in this process, on the
 same queries in batches of one and of `--concurrency` (what a micro-batching server can at best gather).
 
-    python -m bench.retriever [--queries 512] [--concurrency 8] [--repeat 3]
+    python -m bench.retriever [--queries 512] [--concurrency 8] [--repeat 3] [--profile ours.txt]
+
+`--profile FILE` runs our server under py-spy (`pip install -e ".[profile]"`) and writes its samples there in
+py-spy's raw format, for `python -m tools.profile_top FILE` (idle waits are not sampled: the profile is where its
+CPU went while it served, at batch 1 and 32).
 
 The servers start once; the throughput table, the ratios and the floor are measured `--repeat` times (default 3),
 then every ratio's median and spread is printed with the CPU and written to `--json`
@@ -23,6 +27,7 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=SHARED_DATA)
     parser.add_argument("--queries", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--profile", type=Path, help="Run our server under py-spy; its raw samples go here.")
     add_repeat_arguments(parser, "retriever", cost="The servers start once; a repetition (both servers at batch 1 "
                          "and 32, the encoder floor) takes under a minute on 2 cores.")  # fmt: skip
     args = parser.parse_args(argv)
@@ -211,13 +217,12 @@ def main(argv: list[str] | None = None) -> None:
         "BRIDGE_RETRIEVER_DTYPE": DTYPE,
     }
     logs = (run_dir / "ours.log").open("w"), (run_dir / "baseline.log").open("w")
-    ours = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "serve", "retriever", "--port", str(ours_port)],
-        env=env,
-        cwd=REPO,
-        stdout=logs[0],
-        stderr=subprocess.STDOUT,
-    )
+    serve = [sys.executable, "-m", "services.cli.main", "serve", "retriever", "--port", str(ours_port)]
+    if args.profile:  # py-spy cannot attach here (no ptrace into a running process): it starts the server
+        spy = Path(sys.executable).with_name("py-spy")
+        serve = [str(spy), "record", "--rate", "200", "--format", "raw", "-o", str(args.profile), "--", *serve]
+    ours = subprocess.Popen(serve, env=env, cwd=REPO, stdout=logs[0], stderr=subprocess.STDOUT,
+                            start_new_session=bool(args.profile))  # fmt: skip
     baseline = subprocess.Popen(
         [
             sys.executable,
@@ -284,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
                    "recall10_vs_exact": {name: round(float(q[0]), 4) for name, q in quality.items()}}  # fmt: skip
         finish("retriever", args, runs, started, context=context, argv=argv)
     finally:
+        if args.profile:  # Ctrl-C to py-spy's group: the server stops cleanly, py-spy writes its samples
+            os.killpg(ours.pid, signal.SIGINT)
+            ours.wait(timeout=60)
         for proc in (ours, baseline):
             proc.terminate()
             proc.wait(timeout=30)
