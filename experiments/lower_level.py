@@ -223,16 +223,18 @@ def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, arg
     folder = out / arm
     folder.mkdir(parents=True, exist_ok=True)
     progress_file = folder / "progress.json"
-    retriever = RetrieverModel(models.retriever, None, seed=args.seed, params=args.retriever_params)
+    tower = folder / "query_encoder.safetensors"  # in LoRA mode only its adapter is written (save_trained)
+    resume = progress_file.exists()
+    retriever = RetrieverModel(models.retriever, tower if resume else None, seed=args.seed,
+                               params=args.retriever_params)  # fmt: skip
     retriever.use_doc_vectors(ids, doc_vecs)  # e_d of the index itself: p_phi scores those
     batches = [questions[i : i + args.batch] for i in range(0, len(questions), args.batch)]
     cfg = algo_config("both" if arm == "supervised" else arm, args, len(batches))  # supervised: its own Adam
     progress = {"done": 0, "curve": [], "losses": [], "rewards": []}
     optim = RoundOptimizers(cfg, len(batches))
     adam = torch.optim.Adam(RetrieverModel.trainable(retriever.query), lr=args.lr)
-    if progress_file.exists():
+    if resume:
         progress = json.loads(progress_file.read_text())
-        retriever.query.load_weights(folder / "query_encoder.safetensors")
         optim = RoundOptimizers(cfg, len(batches), folder / "optimizer") if arm != "supervised" else optim
         if arm == "supervised":
             adam.load_state_dict(torch.load(folder / "adam.pt"))
@@ -254,7 +256,7 @@ def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, arg
             now = evaluate(retriever, doc_vecs, ids, train_sets)
             progress["curve"].append({"batch": progress["done"], **{
                 d: {k: float(np.mean(v)) for k, v in r.items()} for d, r in now.items()}})  # fmt: skip
-            retriever.query.save_weights(folder / "query_encoder.safetensors")
+            retriever.save_trained(folder, tower.name)
             if arm == "supervised":
                 torch.save(adam.state_dict(), folder / "adam.pt")
             else:

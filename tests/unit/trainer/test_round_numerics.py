@@ -20,7 +20,7 @@ from services.trainer.algo.round import (
     subset_logps,
     train_round,
 )
-from services.trainer.models import PolicyModel, RetrieverModel
+from services.trainer.models import RETRIEVER_LORA_FILE, PolicyModel, RetrieverModel
 from tests.unit.trainer.test_round import DOCS, make_records, moved, snapshot
 
 pytestmark = pytest.mark.slow
@@ -235,6 +235,14 @@ def test_retriever_lora_trains_only_the_adapter_and_saves_a_merged_tower(dirs, t
     again = RetrieverModel(dirs[1], tmp_path / "query_encoder.safetensors", params="lora", lora_rank=4, lora_alpha=8)
     assert torch.allclose(torch.from_numpy(again.query.encode(texts)), torch.from_numpy(retriever.query.encode(texts)),
                           atol=1e-5)  # fmt: skip
+    # To resume a run, the adapter alone is enough: nothing else is written, and it loads the same tower.
+    only = tmp_path / "adapter-only"
+    only.mkdir()
+    written = retriever.save_trained(only, "query_encoder.safetensors")
+    assert [p.name for p in only.iterdir()] == [RETRIEVER_LORA_FILE] and written.stat().st_size < 1_000_000
+    resumed = RetrieverModel(dirs[1], only / "query_encoder.safetensors", params="lora", lora_rank=4, lora_alpha=8)
+    assert torch.allclose(torch.from_numpy(resumed.query.encode(texts)),
+                          torch.from_numpy(retriever.query.encode(texts)), atol=1e-5)  # fmt: skip
 
 
 def test_search_step_records_what_the_trainer_reads():
