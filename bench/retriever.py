@@ -138,6 +138,18 @@ def top10(url: str, path: str, body_for, parse, queries: list[str]) -> list[list
     return out
 
 
+def micro_batches(url: str) -> tuple[float, float]:
+    """(queries, micro-batches) so far, from the server's `bridge_retriever_batch_queries` histogram."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "bridge_retriever_batch_queries":
+            values = {sample.name: sample.value for sample in family.samples}
+            return values["bridge_retriever_batch_queries_sum"], values["bridge_retriever_batch_queries_count"]
+    raise RuntimeError(f"{url}/metrics has no bridge_retriever_batch_queries")
+
+
 def encoder_floor(encoder: SentenceEncoder, queries: list[str], batch_size: int, reps: int = 30) -> float:
     """Queries/s of the encoder's forward alone over `reps` batches of `batch_size` (the server's floor)."""
     batches = [queries[(i * batch_size) % len(queries) :][:batch_size] for i in range(reps)]
@@ -159,9 +171,16 @@ def measure_throughput(servers: dict[str, tuple], encoder: SentenceEncoder, quer
             batches = batches * 4  # enough requests for stable percentiles
         results = {}
         for name, (url, path, body) in servers.items():
+            before = micro_batches(url) if name == "ours" else (0.0, 0.0)
             results[name] = asyncio.run(drive(url, path, body, batches, concurrency))
             r = results[name]
-            print(f"{name:10} {batch_size:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}")
+            gathered = ""
+            if name == "ours":  # how many concurrent queries shared a forward (the server's own histogram)
+                after = micro_batches(url)
+                mean = (after[0] - before[0]) / max(after[1] - before[1], 1)
+                ratios[f"queries_per_forward/ours@batch{batch_size}"] = mean
+                gathered = f"   {mean:.1f} queries per micro-batch"
+            print(f"{name:10} {batch_size:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}{gathered}")
         ratios[f"qps/ours_over_baseline@batch{batch_size}"] = results["ours"]["qps"] / results["baseline"]["qps"]
         if batch_size == 1:
             ours_b1 = results["ours"]["qps"]

@@ -1,12 +1,14 @@
 """The top frames of a py-spy profile: where a process's samples went, by own time and by time under a frame.
 
     py-spy record --pid PID --duration 30 --rate 250 --format raw -o profile.txt
-    python -m tools.profile_top profile.txt [--top 15] [--match services/]
+    python -m tools.profile_top profile.txt [--top 15] [--match services/] [--drop "Condition.wait"]
 
 py-spy's raw format is one collapsed stack per line (`frame;frame;...;leaf COUNT`, root first). `self` counts
 the samples whose leaf is the frame, `total` the samples with the frame anywhere on the stack (once per stack);
 both as a share of all samples. `--match` keeps frames whose text contains one of the given substrings for the
 `total` table (our own code, say), so a deep library stack does not hide which of our calls paid for it.
+`--drop` removes the stacks whose innermost frame contains a substring: threads py-spy sampled while they waited
+(an idle worker pool's `Condition.wait`), which are not CPU time.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from pathlib import Path
 LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
 
 
-def read_stacks(path: Path) -> list[tuple[list[str], int]]:
+def read_stacks(path: Path, drop: list[str] | None = None) -> list[tuple[list[str], int]]:
     stacks = []
     for line in path.read_text().splitlines():
         match = LINE.match(line.strip())
         if match:
-            stacks.append((match["stack"].split(";"), int(match["count"])))
+            frames = match["stack"].split(";")
+            if not drop or not any(d in frames[-1] for d in drop):
+                stacks.append((frames, int(match["count"])))
     return stacks
 
 
@@ -52,8 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("profile", type=Path, help="py-spy `record --format raw` output.")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--match", action="append", help="Substring a frame must hold for the `total` table.")
+    parser.add_argument("--drop", action="append", help="Leave out stacks whose innermost frame holds this.")
     args = parser.parse_args(argv)
-    own, under, total = shares(read_stacks(args.profile), args.match)
+    own, under, total = shares(read_stacks(args.profile, args.drop), args.match)
     if not total:
         raise SystemExit(f"no samples in {args.profile}")
     print(table("self: samples whose innermost frame is", own, total, args.top))

@@ -25,7 +25,7 @@ def build_app(settings: RetrieverSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.admin_token = settings.resolve_admin_token()
-        service = await asyncio.to_thread(RetrieverService, settings)
+        service = await asyncio.to_thread(RetrieverService, settings, None, app.state.metrics.batch_queries.observe)
         await service.start()
         app.state.service = service
         log.info("retriever ready: version %s, %d documents", service.active.version, service.document_count())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,7 +55,13 @@ def build_index(settings: RetrieverSettings) -> VectorIndex:
 
 
 class RetrieverService:
-    def __init__(self, settings: RetrieverSettings, index: VectorIndex | None = None) -> None:
+    def __init__(
+        self,
+        settings: RetrieverSettings,
+        index: VectorIndex | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        """`on_batch(n)`: told each micro-batch's query count (the app's `bridge_retriever_batch_queries`)."""
         self.settings = settings
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         self.index = index or build_index(settings)
@@ -70,7 +77,8 @@ class RetrieverService:
         )
         self._search_pool = ThreadPoolExecutor(1, thread_name_prefix="search")
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="write")
-        self._batcher = MicroBatcher(self._search_batch, self._search_pool, wait_s=settings.batch_wait_ms / 1000)
+        self._batcher = MicroBatcher(self._search_batch, self._search_pool, wait_s=settings.batch_wait_ms / 1000,
+                                     on_batch=on_batch)  # fmt: skip
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:

@@ -29,8 +29,11 @@ class MicroBatcher:
         executor: ThreadPoolExecutor,
         max_items: int = 512,
         wait_s: float = 0.001,
+        on_batch: Callable[[int], None] | None = None,
     ) -> None:
+        """`on_batch(n)`: told the size of every batch before it runs (a metrics histogram's `observe`)."""
         self._run = run
+        self._on_batch = on_batch
         self._executor = executor
         self._max_items = max_items
         self._wait_s = wait_s
@@ -69,6 +72,8 @@ class MicroBatcher:
                 by_key.setdefault(id(job.key), []).append(job)
             for group in by_key.values():
                 flat = [item for job in group for item in job.items]
+                if self._on_batch is not None:
+                    self._on_batch(len(flat))
                 try:
                     results = await loop.run_in_executor(self._executor, self._run, group[0].key, flat)
                 except Exception as exc:  # delivered to each waiting caller, which re-raises it

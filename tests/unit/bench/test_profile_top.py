@@ -23,6 +23,8 @@ def test_shares_count_leaves_and_frames_once_per_stack(tmp_path):
     assert under["recurse (app.py:4)"] == 1  # a frame twice on one stack is one sample, not two
     _, ours, _ = shares(read_stacks(path), match=["server.py"])
     assert set(ours) == {"serve (server.py:9)"}
+    own, _, total = shares(read_stacks(path, drop=["pydantic.py"]))  # a waiting thread's leaf, say
+    assert total == 7 and "json (pydantic.py:2)" not in own
 
 
 def test_main_prints_shares_and_refuses_an_empty_profile(tmp_path, capsys):

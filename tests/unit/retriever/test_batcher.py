@@ -9,6 +9,7 @@ from services.retriever.backends.batcher import MicroBatcher
 
 def test_concurrent_calls_share_one_batch():
     calls: list[list[int]] = []
+    sizes: list[int] = []
     gate = threading.Event()
 
     def run(key, items):
@@ -17,7 +18,7 @@ def test_concurrent_calls_share_one_batch():
         return [key * x for x in items]
 
     async def main():
-        batcher = MicroBatcher(run, ThreadPoolExecutor(1), wait_s=0)
+        batcher = MicroBatcher(run, ThreadPoolExecutor(1), wait_s=0, on_batch=sizes.append)
         batcher.start()
         first = asyncio.create_task(batcher.submit(10, [1]))
         await asyncio.sleep(0.05)  # the first batch is running; the next three queue up behind it
@@ -31,6 +32,7 @@ def test_concurrent_calls_share_one_batch():
     results = asyncio.run(main())
     assert results == [[10], [20, 30], [40, 50], [60, 70]]
     assert calls == [[1], [2, 3, 4, 5, 6, 7]]
+    assert sizes == [1, 6]  # what the service's bridge_retriever_batch_queries histogram observes
 
 
 def test_errors_reach_every_caller():
