@@ -14,6 +14,7 @@ both as a share of all samples. `--match` keeps frames whose text contains one o
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 from collections import Counter
 from pathlib import Path
@@ -23,7 +24,8 @@ LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
 
 def read_stacks(path: Path, drop: list[str] | None = None) -> list[tuple[list[str], int]]:
     stacks = []
-    for line in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         match = LINE.match(line.strip())
         if match:
             frames = match["stack"].split(";")
@@ -53,7 +55,7 @@ def table(title: str, counts: Counter, total: int, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("profile", type=Path, help="py-spy `record --format raw` output.")
+    parser.add_argument("profile", type=Path, help="py-spy `record --format raw` output (or it gzipped, .gz).")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--match", action="append", help="Substring a frame must hold for the `total` table.")
     parser.add_argument("--drop", action="append", help="Leave out stacks whose innermost frame holds this.")

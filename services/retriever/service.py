@@ -78,7 +78,7 @@ class RetrieverService:
         self._search_pool = ThreadPoolExecutor(1, thread_name_prefix="search")
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="write")
         self._batcher = MicroBatcher(self._search_batch, self._search_pool, wait_s=settings.batch_wait_ms / 1000,
-                                     on_batch=on_batch)  # fmt: skip
+                                     max_wait_s=settings.batch_max_wait_ms / 1000, on_batch=on_batch)  # fmt: skip
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import CommonSettings
@@ -29,7 +29,24 @@ class RetrieverSettings(CommonSettings):
         "else fp32 (emulated bf16 is ~85x slower on an AVX2-only CPU; services/common/hardware.py).",
     )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Larger request bodies get a 413.")
-    batch_wait_ms: float = Field(1.0, ge=0.0, le=100.0, description="How long to gather concurrent searches.")
+    batch_wait_ms: float = Field(
+        1.0,
+        ge=0.0,
+        le=100.0,
+        description="A micro-batch keeps gathering concurrent searches while they arrive less than this apart.",
+    )
+    batch_max_wait_ms: float = Field(
+        5.0,
+        ge=0.0,
+        le=1000.0,
+        description="Cap on a micro-batch's gathering: the most one search waits for others before its forward.",
+    )
+
+    @model_validator(mode="after")
+    def _waits(self) -> RetrieverSettings:
+        if self.batch_max_wait_ms < self.batch_wait_ms:
+            raise ValueError("batch_max_wait_ms must be >= batch_wait_ms")
+        return self
 
     @property
     def resolved_backend(self) -> str:

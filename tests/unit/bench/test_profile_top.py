@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 import pytest
 
 from tools.profile_top import main, read_stacks, shares
@@ -25,6 +27,9 @@ def test_shares_count_leaves_and_frames_once_per_stack(tmp_path):
     assert set(ours) == {"serve (server.py:9)"}
     own, _, total = shares(read_stacks(path, drop=["pydantic.py"]))  # a waiting thread's leaf, say
     assert total == 7 and "json (pydantic.py:2)" not in own
+    packed = tmp_path / "profile.txt.gz"
+    packed.write_bytes(gzip.compress(RAW.encode()))
+    assert read_stacks(packed) == read_stacks(path)
 
 
 def test_main_prints_shares_and_refuses_an_empty_profile(tmp_path, capsys):

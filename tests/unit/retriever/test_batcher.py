@@ -49,3 +49,31 @@ def test_errors_reach_every_caller():
     assert all(isinstance(r, RuntimeError) for r in asyncio.run(main()))
     with pytest.raises(RuntimeError):
         raise asyncio.run(main())[0]
+
+
+def _arrivals(wait_s: float, max_wait_s: float, spacing_s: float, count: int) -> list[int]:
+    """Batch sizes when `count` single-item searches arrive `spacing_s` apart."""
+    sizes: list[int] = []
+
+    async def main():
+        batcher = MicroBatcher(lambda key, items: items, ThreadPoolExecutor(1), wait_s=wait_s,
+                               max_wait_s=max_wait_s, on_batch=sizes.append)  # fmt: skip
+        batcher.start()
+        tasks = []
+        for i in range(count):
+            tasks.append(asyncio.create_task(batcher.submit(0, [i])))
+            await asyncio.sleep(spacing_s)
+        assert [await t for t in tasks] == [[i] for i in range(count)]
+        await batcher.stop()
+
+    asyncio.run(main())
+    return sizes
+
+
+def test_a_batch_gathers_while_searches_keep_coming_up_to_its_cap():
+    # Arrivals 50 ms apart, a 200 ms quiet gap: one batch for all, though the last came 350 ms after the first (a
+    # fixed 200 ms window would have cut it in two).
+    assert _arrivals(wait_s=0.2, max_wait_s=1.0, spacing_s=0.05, count=8) == [8]
+    # The cap ends a gathering that would go on: arrivals 100 ms apart for 1 s, at most 300 ms a batch.
+    sizes = _arrivals(wait_s=0.2, max_wait_s=0.3, spacing_s=0.1, count=10)
+    assert sum(sizes) == 10 and len(sizes) >= 3 and max(sizes) <= 4
