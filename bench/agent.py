@@ -41,6 +41,7 @@ from bench.script import DEMO_DATA, prepare_models, script_parser
 from services.cli.ingest import ingest_file
 from services.common.checkpoints import publish_checkpoint, staging_dir
 from services.common.clients.retriever import RetrieverClient
+from services.common.registry import BASE_VERSION
 from services.common.stats import percentile
 from services.trainer.warmstart import SHIPPED_ADAPTER_DIR
 from tests.conftest import policy_env, start_service, stop_service
@@ -121,8 +122,10 @@ def active_version(policy) -> str:
 
 
 def activate(policy, version: str) -> None:
-    """Register `version` (a no-op when it already is: the registry keys it by its folder) and serve it."""
-    for path, body in (("/v1/checkpoints", {"path": version}), (f"/v1/checkpoints/{version}/activate", None)):
+    """Register `version` (a no-op when it already is: the registry keys it by its folder) and serve it. The base
+    has no folder to register: it is activated alone (a repetition after the first goes back to it)."""
+    steps = [] if version == BASE_VERSION else [("/v1/checkpoints", {"path": version})]
+    for path, body in [*steps, (f"/v1/checkpoints/{version}/activate", None)]:
         httpx.post(policy.url + path, json=body, headers=admin(policy), timeout=600).raise_for_status()
 
 

@@ -308,3 +308,16 @@ def test_metrics_are_exposed(hotpot):
     text = httpx.get(service.url + "/metrics").text  # the first scrape is counted and timed under its route
     assert 'bridge_retriever_request_duration_seconds_count{handler="/metrics",method="GET",status="200"}' in text
     assert 'bridge_retriever_requests_total{handler="/metrics",method="GET",status="200"}' in text
+
+
+def test_micro_batch_sizes_are_counted(hotpot):
+    """One request of three queries is one micro-batch of three in `bridge_retriever_batch_queries` (what
+    bench.retriever reads as queries per forward)."""
+    from bench.retriever import micro_batches
+
+    service, _ = hotpot
+    queries_before, batches_before = micro_batches(service.url)
+    response = httpx.post(service.url + "/v1/search", json={"queries": ["who", "what", "where"], "top_k": 2})
+    assert response.status_code == 200
+    queries_after, batches_after = micro_batches(service.url)
+    assert (queries_after - queries_before, batches_after - batches_before) == (3.0, 1.0)

@@ -81,12 +81,18 @@ def test_retriever_repetition_reports_both_batches_and_the_floor(monkeypatch):
 
     monkeypatch.setattr(retriever, "drive", fake_drive)
     monkeypatch.setattr(retriever, "encoder_floor", lambda encoder, queries, batch_size: 300.0)
+    # our server's micro-batch histogram, (queries, batches) so far: 64 queries in 16 forwards at batch 1, then 128
+    # queries (4 x 32) in 2 forwards at batch 32
+    reads = iter([(0.0, 0.0), (64.0, 16.0), (64.0, 16.0), (192.0, 18.0)])
+    monkeypatch.setattr(retriever, "micro_batches", lambda url: next(reads))
     servers = {"baseline": ("baseline", "/retrieve", None), "ours": ("ours", "/v1/search", None)}
     ratios = retriever.measure_throughput(servers, None, ["a question"] * 64, 8)
     assert ratios == {
         "qps/ours_over_baseline@batch1": 2.1,
         "qps/ours_over_baseline@batch32": 2.1,
         "qps/ours@batch1_over_encoder_floor@8": 0.7,
+        "queries_per_forward/ours@batch1": 4.0,
+        "queries_per_forward/ours@batch32": 64.0,
     }
     assert headline_keys("retriever") <= set(ratios)
 
@@ -124,3 +130,24 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
     )
     assert len(service32) == 2 and agent.measure_lora(policy, setup, args, service32[0]) == 0.5
     assert headline_keys("agent") <= set(runs[0])
+
+
+def test_activate_registers_a_checkpoint_folder_but_never_the_base(monkeypatch):
+    """The base has no folder: registering "base" is a 404 (the second repetition's first step, once)."""
+    from types import SimpleNamespace
+
+    from bench import agent
+
+    posted = []
+
+    def post(url, json=None, headers=None, timeout=None):
+        posted.append((url.removeprefix("http://p"), json))
+        return SimpleNamespace(raise_for_status=lambda: None)
+
+    monkeypatch.setattr(agent.httpx, "post", post)
+    policy = SimpleNamespace(url="http://p", token="t")
+    agent.activate(policy, "base")
+    assert posted == [("/v1/checkpoints/base/activate", None)]
+    posted.clear()
+    agent.activate(policy, "trained-1")
+    assert posted == [("/v1/checkpoints", {"path": "trained-1"}), ("/v1/checkpoints/trained-1/activate", None)]
