@@ -135,13 +135,20 @@ def evaluate(retriever, doc_vecs, ids, evals: dict[str, list[dict]]) -> dict[str
 
 
 # ----------------------------------------------------------------------------- rollouts
-def rollouts(policy: PolicyModel, retriever: RetrieverModel, doc_vecs, ids, docs, rows, args, rng, generate: bool):
+def rollouts(policy: PolicyModel, retriever: RetrieverModel, doc_vecs, ids, docs, rows, args, rng, generate: bool,
+             reference: RetrieverModel | None = None):  # fmt: skip
     """G trajectories per question, as the policy service records them: the first search (the question) samples
     `top_k` of M candidates from p_phi at the rollout temperature; with `generate` the frozen policy answers (EM
-    reward), else no answer is generated (the target needs only the candidates)."""
+    reward), else no answer is generated (the target needs only the candidates). With `reference`, the candidates
+    are still p_phi's top M, but their recorded (deployed) scores are the reference tower's: the posterior's prior
+    and the `mu` KL then stay anchored to it instead of moving with the student (`--prior-from start`)."""
     tok = policy.tokenizer
     queries = [search_query(r["question"]) for r in rows]
     scores, index = top_candidates(retriever, doc_vecs, queries, args.candidates)
+    if reference is not None:
+        with torch.no_grad():
+            q = torch.from_numpy(reference.query.encode(queries, kind="query"))  # (B, H)
+            scores = torch.einsum("bh,bmh->bm", q, doc_vecs[index])  # (B, M): the same candidates, its scores
     records, contexts = [], []
     for n, (row, query) in enumerate(zip(rows, queries, strict=True)):
         candidate_ids = [ids[i] for i in index[n].tolist()]
@@ -228,6 +235,9 @@ def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, arg
     retriever = RetrieverModel(models.retriever, tower if resume else None, seed=args.seed,
                                params=args.retriever_params)  # fmt: skip
     retriever.use_doc_vectors(ids, doc_vecs)  # e_d of the index itself: p_phi scores those
+    reference = None
+    if args.prior_from == "start" and arm == "target":  # the start tower, frozen (the LoRA starts at B = 0)
+        reference = RetrieverModel(models.retriever, None)
     batches = [questions[i : i + args.batch] for i in range(0, len(questions), args.batch)]
     cfg = algo_config("both" if arm == "supervised" else arm, args, len(batches))  # supervised: its own Adam
     progress = {"done": 0, "curve": [], "losses": [], "rewards": []}
@@ -246,7 +256,8 @@ def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, arg
         if arm == "supervised":
             progress["losses"].append(supervised_step(retriever, doc_vecs, ids, rows, adam, args))
         else:
-            records = rollouts(policy, retriever, doc_vecs, ids, docs, rows, args, rng, generate=arm != "target")
+            records = rollouts(policy, retriever, doc_vecs, ids, docs, rows, args, rng, generate=arm != "target",
+                               reference=reference)  # fmt: skip
             batch = build_batch(records, cfg.model_copy(update={"seed": args.seed + b}), policy.tokenizer, docs)
             stats = train_round(policy, retriever, batch, cfg, cfg.initial_lambda, optim)
             progress["losses"].append(stats.get("loss/retriever", 0.0))
@@ -281,7 +292,8 @@ def report(start: dict, arms: dict, args, elapsed: float) -> str:
              f"of {args.batch} (G {args.group} rollouts each for credit/both), M {args.candidates}, top-{args.top_k}, "
              f"retrieval temperature {args.retrieval_temperature}, lr {args.lr}, K {args.steps}, "
              f"{getattr(args, 'retriever_params', 'full')} query tower, q_prior {getattr(args, 'q_prior', True)}, "
-             f"beta_Q {getattr(args, 'beta_q', 1.0)}; exact search "
+             f"beta_Q {getattr(args, 'beta_q', 1.0)}, prior from {getattr(args, 'prior_from', 'current')}; "
+             f"exact search "
              f"over {args.corpus_count} passages; evaluation split (first {EVAL_SPLIT}) of each dataset.", "",
              "| dataset | metric | start | " + " | ".join(arms) + " |",
              "|---|---|---|" + "---|" * len(arms)]  # fmt: skip
@@ -342,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Q_theta as the posterior p_phi0(d) pi(y*|x,d)^(1/beta_Q) (AlgoConfig.q_prior, the "
                         "default); --no-q-prior: the likelihood alone (sections 18-19's `target`).")  # fmt: skip
     parser.add_argument("--beta-q", type=float, default=1.0, help="Q_theta's temperature beta_Q.")
+    parser.add_argument("--prior-from", choices=["current", "start"], default="current",
+                        help="The posterior's prior (and the mu KL): the tower at each batch's start, as a live "
+                        "round has it, or the frozen start tower (target arm only; docs/results.md 19d)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=4, help="K: retriever steps per batch.")
     parser.add_argument("--eval-every", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
