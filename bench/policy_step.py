@@ -22,7 +22,7 @@ tokens/s = tokens forwarded with gradient (every trajectory's whole length) / se
 every row. Rows are timed `--steps` times after one warm-up step and interleaved in a rotating order, so a load
 spike on a shared machine hits every row alike; a row's time is its median step.
 
-    python -m bench.policy_step [--questions 8 --group 2] [--repeat 3]
+    python -m bench.policy_step [--questions 2 --group 2 --steps 3] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -170,12 +170,13 @@ def time_rows(rows: dict[str, Step], steps: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def measure(args: argparse.Namespace, batch_file: Path, trl_note: list[str]) -> Ratios:
+def build_rows(args: argparse.Namespace, batch_file: Path, trl_note: list[str]) -> tuple[dict[str, Step], int, int]:
+    """Every row over one loaded policy, built once (not per repetition: a model and a TRL trainer each time only
+    add memory) and timed in every repetition. Returns the rows, the trajectories and the tokens."""
     torch.manual_seed(0)
     policy = PolicyModel(models_in(args.work).policy, None, 8, 16)
     batch, cfg = load_batch(policy, batch_file, beta=0.01)
     batch0, cfg0 = load_batch(policy, batch_file, beta=0.0)
-    tokens = sum(len(r.token_ids) for r in trained_records(batch))
     rows: dict[str, Step] = {
         "floor": floor_step(policy, batch),
         "reference": reference_step(policy, batch),
@@ -186,8 +187,13 @@ def measure(args: argparse.Namespace, batch_file: Path, trl_note: list[str]) -> 
         rows["trl"] = trl_step(policy, batch, cfg, args.micro_batch, args.work)
     except ImportError as error:
         trl_note[:] = [f"trl row absent: {error} (pip install -e '.[trl-bench]')"]
-    seconds = time_rows(rows, args.steps)
-    print(f"\n{len(trained_records(batch))} trajectories, {tokens} tokens; median of {args.steps} steps")
+    records = trained_records(batch)
+    return rows, len(records), sum(len(r.token_ids) for r in records)
+
+
+def measure(rows: dict[str, Step], trajectories: int, tokens: int, steps: int, trl_note: list[str]) -> Ratios:
+    seconds = time_rows(rows, steps)
+    print(f"\n{trajectories} trajectories, {tokens} tokens; median of {steps} steps")
     print(f"{'row':14} {'seconds':>8} {'tokens/s':>9} {'/ floor':>8}")
     for name, s in seconds.items():
         print(f"{name:14} {s:>8.2f} {tokens / s:>9.0f} {seconds['floor'] / s:>7.2f}x")
@@ -208,11 +214,11 @@ def measure(args: argparse.Namespace, batch_file: Path, trl_note: list[str]) -> 
 def main(argv: list[str] | None = None) -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--batch", type=Path, help="Reuse (or create) the batch file here.")
-    parser.add_argument("--questions", type=int, default=8, help="Demo questions in the batch.")
+    parser.add_argument("--questions", type=int, default=2, help="Demo questions in the batch.")
     parser.add_argument("--group", type=int, default=2, help="G trajectories per question.")
-    parser.add_argument("--steps", type=int, default=5, help="Timed steps per row (after one warm-up).")
+    parser.add_argument("--steps", type=int, default=3, help="Timed steps per row (after one warm-up).")
     parser.add_argument("--micro-batch", type=int, default=8, help="Trajectories per padded forward in the TRL row.")
-    add_repeat_arguments(parser, "policy_step", cost="One repetition is ~2 min on 2 CPU cores.")
+    add_repeat_arguments(parser, "policy_step", cost="One repetition is ~4 min on 2 CPU cores.")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     models = prepare_models(args.work)
@@ -220,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     if not batch_file.exists():
         make_batch_file(models, batch_file, questions=args.questions, group=args.group)
     trl_note: list[str] = []
-    runs = repeat(lambda _: measure(args, batch_file, trl_note), args.repeat)
+    rows, trajectories, tokens = build_rows(args, batch_file, trl_note)
+    runs = repeat(lambda _: measure(rows, trajectories, tokens, args.steps, trl_note), args.repeat)
     context = {"questions": args.questions, "group": args.group, "steps": args.steps,
                "micro_batch": args.micro_batch, "trl": trl_note[0] if trl_note else "measured"}  # fmt: skip
     finish("policy_step", args, runs, started, context=context, argv=argv)

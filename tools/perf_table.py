@@ -69,6 +69,14 @@ HEADLINES = (
              (">=", 0.9)),
     Headline("cost as the corpus grows: exact search / Qdrant Edge p50 latency at 1M passages", "scale",
              "p50_ms/exact_over_edge@1000000"),
+    Headline("policy step tokens/s >= 0.8x the bare forward + backward (beta 0.01: with the KL's reference forward)",
+             "policy_step", "tok_s/ours_over_floor", (">=", 0.8)),
+    Headline("policy step tokens/s / (floor + the reference forward it must also run): what our code adds",
+             "policy_step", "tok_s/ours_over_floor_plus_reference"),
+    Headline("policy step tokens/s >= 0.8x the floor at beta 0 (no reference)", "policy_step",
+             "tok_s/ours_beta0_over_floor", (">=", 0.8)),
+    Headline("policy step tokens/s / TRL's GRPO loss on the same batch (GRPOTrainer._compute_loss)", "policy_step",
+             "tok_s/ours_over_trl"),
 )  # fmt: skip
 
 
