@@ -30,8 +30,10 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -101,6 +103,65 @@ async def raw_vllm(
         started = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         return produced / (time.perf_counter() - started)
+
+
+T = TypeVar("T")
+# vLLM's own counters (its /metrics, Prometheus text), summed over labels: what the engine did during a row.
+ENGINE_SAMPLES = {
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "cached_prompt_tokens": "vllm:prompt_tokens_cached_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "requests": "vllm:request_prefill_time_seconds_count",
+    "queue_s": "vllm:request_queue_time_seconds_sum",
+    "prefill_s": "vllm:request_prefill_time_seconds_sum",
+    "decode_s": "vllm:request_decode_time_seconds_sum",
+}
+
+
+def engine_counters(vllm_url: str) -> dict[str, float]:
+    return parse_engine_counters(httpx.get(vllm_url + "/metrics", timeout=30).text)
+
+
+def parse_engine_counters(text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = dict.fromkeys(ENGINE_SAMPLES, 0.0)
+    wanted = {sample: key for key, sample in ENGINE_SAMPLES.items()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                totals[wanted[sample.name]] += sample.value
+    return totals
+
+
+def engine_during(vllm_url: str, run: Callable[[], T]) -> tuple[T, dict[str, float]]:
+    """`run()`'s result, and what the engine did meanwhile: tokens computed per second (prompt tokens not served from
+    the prefix cache, plus generated ones), the prefix cache's share of prompt tokens, and per request the seconds
+    queued, prefilling and decoding."""
+    before, started = engine_counters(vllm_url), time.perf_counter()
+    result = run()
+    seconds, after = time.perf_counter() - started, engine_counters(vllm_url)
+    d = {key: after[key] - before[key] for key in ENGINE_SAMPLES}
+    requests = max(d["requests"], 1.0)
+    computed = d["prompt_tokens"] - d["cached_prompt_tokens"] + d["generation_tokens"]
+    return result, {
+        "computed_tok_s": computed / seconds,
+        "prompt_tok_s": (d["prompt_tokens"] - d["cached_prompt_tokens"]) / seconds,
+        "gen_tok_s": d["generation_tokens"] / seconds,
+        "cached_share": d["cached_prompt_tokens"] / max(d["prompt_tokens"], 1.0),
+        "prompt_per_request": d["prompt_tokens"] / requests,
+        "gen_per_request": d["generation_tokens"] / requests,
+        "queue_s": d["queue_s"] / requests,
+        "prefill_s": d["prefill_s"] / requests,
+        "decode_s": d["decode_s"] / requests,
+    }
+
+
+def engine_line(label: str, e: dict[str, float]) -> str:
+    return (f"engine during {label}: {e['computed_tok_s']:.0f} computed tok/s (prompt {e['prompt_tok_s']:.0f} + "
+            f"generated {e['gen_tok_s']:.0f}; {e['cached_share']:.0%} of prompt tokens from the prefix cache); per "
+            f"request {e['prompt_per_request']:.0f} prompt / {e['gen_per_request']:.0f} generated tokens, queued "
+            f"{e['queue_s']:.2f} s, prefill {e['prefill_s']:.2f} s, decode {e['decode_s']:.2f} s")  # fmt: skip
 
 
 def publish_trained(policy_data_dir: Path, version: str = "trained") -> str:
@@ -174,22 +235,34 @@ def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: i
     print(f"\n{len(setup.questions)} questions, max_turns {args.max_turns}, {args.max_tokens} tokens/turn, greedy")
     print(f"{'':26} {'q/s':>7} {'p50 s':>7} {'p99 s':>7} {'gen tok/s':>10} {'raw vLLM tok/s':>15}")
     print(row("baseline (1 by 1)", baseline))
-    results = {}
+    results, engine = {}, {}
     for concurrency in (1, 8, 32):
-        r = asyncio.run(run_service(policy.url, setup.questions, concurrency, args.max_turns))
+        r, engine[concurrency] = engine_during(
+            setup.vllm_url,
+            lambda c=concurrency: asyncio.run(run_service(policy.url, setup.questions, c, args.max_turns)),
+        )
         raw = asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, concurrency, args.max_tokens))
         r["raw"] = raw
         results[concurrency] = r
         print(row(f"service, conc {concurrency}", r, raw))
     # Like for like: the same prompts, exactly max_tokens each, before and after the trained weights go in
     # (merged serving reloads them in place under the same served model name).
-    same_work = [asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True))]
+    fixed, engine["fixed"] = engine_during(
+        setup.vllm_url,
+        lambda: asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True)),
+    )
+    print(engine_line("the service at 32", engine[32]))
+    print(engine_line("raw vLLM at 32, fixed length", engine["fixed"]))
+    same_work = [fixed]
     activate(policy, trained)
     same_work.append(asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True)))
     print(f"raw vLLM tok/s at 32, same prompts, {args.max_tokens} tokens each: "
           f"base {same_work[0]:.1f}, trained (merged) {same_work[1]:.1f}")  # fmt: skip
-    merged = asyncio.run(run_service(policy.url, setup.questions, 32, args.max_turns))
+    merged, engine["trained"] = engine_during(
+        setup.vllm_url, lambda: asyncio.run(run_service(policy.url, setup.questions, 32, args.max_turns))
+    )
     print(row("trained, merged, conc 32", merged))
+    print(engine_line("the trained policy's agent at 32", engine["trained"]))
     r32 = results[32]
     service32.append(r32)
     ratios = {
@@ -197,6 +270,9 @@ def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: i
         "tok_s/service@32_over_raw_vllm@32": r32["tok_s"] / r32["raw"],
         "tok_s/trained_merged_over_base@32_same_work": same_work[1] / same_work[0],
         "agent_tok_s/trained_merged_over_base@32": merged["tok_s"] / r32["tok_s"],
+        # Section 2: is the engine as busy during the agent as on fixed-length work (tokens it computed per second)?
+        "engine_computed_tok_s/service@32_over_fixed_length@32": engine[32]["computed_tok_s"]
+        / engine["fixed"]["computed_tok_s"],
     }
     print(f"\nquestions/s ratio service@32 / baseline: {ratios['qps/service@32_over_baseline']:.2f}x (target >= 8x)")
     print(f"generated tok/s ratio service@32 / raw vLLM@32: {ratios['tok_s/service@32_over_raw_vllm@32']:.2f}x "
