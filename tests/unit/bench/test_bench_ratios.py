@@ -111,6 +111,13 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
     monkeypatch.setattr(agent, "raw_vllm", fake_raw)
     monkeypatch.setattr(agent, "run_baseline", lambda *a: {"qps": 2.0, "p50": 1.0, "p99": 1.0, "tok_s": 20.0})
     monkeypatch.setattr(agent, "activate", lambda policy, version: activated.append(version))
+    reads = []  # vLLM's /metrics: a counter that grows by 100 generated tokens between two reads
+
+    def fake_counters(url: str) -> dict[str, float]:
+        reads.append(url)
+        return {key: 100.0 * len(reads) if key == "generation_tokens" else 0.0 for key in agent.ENGINE_SAMPLES}
+
+    monkeypatch.setattr(agent, "engine_counters", fake_counters)
     setup = agent.Setup("retriever", "vllm", None, ["q"] * 4, ["q"] * 4)
     args = argparse.Namespace(max_turns=1, max_tokens=48)
     service32: list[dict] = []
@@ -118,6 +125,9 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
     runs = [agent.measure_merged(policy, setup, args, "base", "trained", i, service32) for i in range(2)]
 
     assert activated == ["trained", "base", "trained"]  # the second repetition re-activates the base first
+    assert set(reads) == {"vllm"} and len(reads) == 2 * 2 * 5  # around the 3 agent rows, fixed length, trained
+    engine = [run.pop("engine_computed_tok_s/service@32_over_fixed_length@32") for run in runs]
+    assert all(value > 0 for value in engine)  # a ratio of two timings: only its presence and sign are fixed
     assert (
         runs[0]
         == runs[1]
@@ -129,7 +139,7 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
         }
     )
     assert len(service32) == 2 and agent.measure_lora(policy, setup, args, service32[0]) == 0.5
-    assert headline_keys("agent") <= set(runs[0])
+    assert headline_keys("agent") <= set(runs[0]) | {"engine_computed_tok_s/service@32_over_fixed_length@32"}
 
 
 def test_activate_registers_a_checkpoint_folder_but_never_the_base(monkeypatch):
