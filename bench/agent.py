@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -46,7 +49,7 @@ from services.common.clients.retriever import RetrieverClient
 from services.common.registry import BASE_VERSION
 from services.common.stats import percentile
 from services.trainer.warmstart import SHIPPED_ADAPTER_DIR
-from tests.conftest import policy_env, start_service, stop_service
+from tests.conftest import RunningService, policy_env, start_service, stop_service
 
 
 async def run_service(url: str, questions: list[str], concurrency: int, max_turns: int) -> dict:
@@ -115,7 +118,15 @@ ENGINE_SAMPLES = {
     "queue_s": "vllm:request_queue_time_seconds_sum",
     "prefill_s": "vllm:request_prefill_time_seconds_sum",
     "decode_s": "vllm:request_decode_time_seconds_sum",
+    # Each request's seconds in the running batch: their sum over a row's wall time is the mean batch size.
+    "running_s": "vllm:request_inference_time_seconds_sum",
+    # One observation per engine step (the tokens it scheduled): steps taken and tokens a step.
+    "steps": "vllm:iteration_tokens_total_count",
+    "step_tokens": "vllm:iteration_tokens_total_sum",
 }
+# Gauges, sampled while a row runs: is the engine doing anything right now?
+ENGINE_GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
+GAUGE_LINE = re.compile(r"^(vllm:num_requests_(?:running|waiting))(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
 
 
 def engine_counters(vllm_url: str) -> dict[str, float]:
@@ -134,16 +145,47 @@ def parse_engine_counters(text: str) -> dict[str, float]:
     return totals
 
 
-def engine_during(vllm_url: str, run: Callable[[], T]) -> tuple[T, dict[str, float]]:
+def parse_engine_gauges(text: str) -> dict[str, float]:
+    """The running and waiting request counts, summed over labels. A regex, not the Prometheus parser: it runs
+    several times a second on the cores being measured."""
+    totals = dict.fromkeys(ENGINE_GAUGES, 0.0)
+    key = {name: k for k, name in ENGINE_GAUGES.items()}
+    for name, value in GAUGE_LINE.findall(text):
+        totals[key[name]] += float(value)
+    return totals
+
+
+def engine_gauges(vllm_url: str) -> dict[str, float]:
+    return parse_engine_gauges(httpx.get(vllm_url + "/metrics", timeout=30).text)
+
+
+def sample_gauges(vllm_url: str, every_s: float, stop: threading.Event, into: list[dict[str, float]]) -> None:
+    while not stop.wait(every_s):
+        into.append(engine_gauges(vllm_url))
+
+
+def engine_during(vllm_url: str, run: Callable[[], T], sample_every_s: float = 0.25) -> tuple[T, dict[str, float]]:
     """`run()`'s result, and what the engine did meanwhile: tokens computed per second (prompt tokens not served from
-    the prefix cache, plus generated ones), the prefix cache's share of prompt tokens, and per request the seconds
-    queued, prefilling and decoding."""
+    the prefix cache, plus generated ones), the prefix cache's share of prompt tokens, per request the seconds
+    queued, prefilling and decoding; the mean running batch and tokens per engine step (from its counters); and,
+    from its request gauges sampled every `sample_every_s`, the share of the row it had nothing to do (no request
+    running or waiting: the time spent in our code, HTTP and the retriever between turns)."""
+    samples: list[dict[str, float]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_gauges, args=(vllm_url, sample_every_s, stop, samples), daemon=True)
     before, started = engine_counters(vllm_url), time.perf_counter()
-    result = run()
+    sampler.start()
+    try:
+        result = run()
+    finally:
+        stop.set()
+        sampler.join()
     seconds, after = time.perf_counter() - started, engine_counters(vllm_url)
     d = {key: after[key] - before[key] for key in ENGINE_SAMPLES}
-    requests = max(d["requests"], 1.0)
+    requests, steps = max(d["requests"], 1.0), max(d["steps"], 1.0)
     computed = d["prompt_tokens"] - d["cached_prompt_tokens"] + d["generation_tokens"]
+    idle = sum(1 for g in samples if g["running"] + g["waiting"] == 0) / max(len(samples), 1)
+    busy_s = seconds * (1.0 - idle)
     return result, {
         "computed_tok_s": computed / seconds,
         "prompt_tok_s": (d["prompt_tokens"] - d["cached_prompt_tokens"]) / seconds,
@@ -154,6 +196,13 @@ def engine_during(vllm_url: str, run: Callable[[], T]) -> tuple[T, dict[str, flo
         "queue_s": d["queue_s"] / requests,
         "prefill_s": d["prefill_s"] / requests,
         "decode_s": d["decode_s"] / requests,
+        "mean_running": d["running_s"] / seconds,
+        "tokens_per_step": d["step_tokens"] / steps,
+        "idle_share": idle,
+        "gauge_samples": float(len(samples)),
+        # Like for like across rows that do different work: tokens computed per second the engine had work.
+        "busy_computed_tok_s": computed / busy_s if busy_s > 0 else 0.0,
+        "step_ms": 1000.0 * busy_s / steps,
     }
 
 
@@ -161,7 +210,10 @@ def engine_line(label: str, e: dict[str, float]) -> str:
     return (f"engine during {label}: {e['computed_tok_s']:.0f} computed tok/s (prompt {e['prompt_tok_s']:.0f} + "
             f"generated {e['gen_tok_s']:.0f}; {e['cached_share']:.0%} of prompt tokens from the prefix cache); per "
             f"request {e['prompt_per_request']:.0f} prompt / {e['gen_per_request']:.0f} generated tokens, queued "
-            f"{e['queue_s']:.2f} s, prefill {e['prefill_s']:.2f} s, decode {e['decode_s']:.2f} s")  # fmt: skip
+            f"{e['queue_s']:.2f} s, prefill {e['prefill_s']:.2f} s, decode {e['decode_s']:.2f} s; mean running batch "
+            f"{e['mean_running']:.1f}, {e['tokens_per_step']:.1f} tokens a step, {e['step_ms']:.0f} ms a step; idle "
+            f"{e['idle_share']:.0%} of {e['gauge_samples']:.0f} samples; {e['busy_computed_tok_s']:.0f} computed "
+            f"tok/s while busy")  # fmt: skip
 
 
 def publish_trained(policy_data_dir: Path, version: str = "trained") -> str:
@@ -225,6 +277,56 @@ class Setup:
     prompts: list[str]
 
 
+@dataclass
+class Stack:
+    """A retriever on the demo corpus and a policy service (with its vLLM) on it; `restart_policy` swaps the policy
+    service for one with other settings (one engine at a time on the cores)."""
+
+    tmp: Path
+    retriever: RunningService
+    policy: RunningService
+    env: dict[str, str]
+    setup: Setup
+
+    def restart_policy(self, label: str, **env: str) -> RunningService:
+        stop_service(self.policy)
+        self.env = {**self.env, **env}
+        self.policy = start_service("policy", self.tmp / label, self.env, timeout=900)
+        return self.policy
+
+
+@contextmanager
+def start_stack(work: Path, questions: int, max_tokens: int, prefix: str) -> Iterator[Stack]:
+    """The benches' stack: the tiny models prepared under `work`, a retriever holding the demo corpus, the policy
+    service serving trained checkpoints merged (each answer at most `max_tokens` a turn), the first `questions` demo
+    questions and their bare prompts; both services stopped on the way out."""
+    models = prepare_models(work)
+    texts = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_train.jsonl").open()][:questions]
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    retriever = start_service("retriever", tmp / "retriever", {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models.retriever)})
+    policy = None
+    try:
+        with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
+            ingest_file(client, DEMO_DATA / "hotpotqa_corpus.jsonl", progress=False)
+        env = policy_env(models.root, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS=str(max_tokens),
+                         BRIDGE_POLICY_ADAPTER_SERVING="merged")  # fmt: skip
+        policy = start_service("policy", tmp / "policy", env, timeout=900)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(env["BRIDGE_POLICY_MODEL_DIR"])
+        prompts = [tokenizer.decode(tokenizer(q)["input_ids"]) for q in texts]
+        vllm_url = f"http://127.0.0.1:{env['BRIDGE_POLICY_VLLM_PORT']}"
+        stack = Stack(tmp, retriever, policy, env, Setup(retriever.url, vllm_url, tokenizer, texts, prompts))
+        try:
+            yield stack
+        finally:
+            policy = stack.policy  # the one running now, after any restart
+    finally:
+        if policy is not None:
+            stop_service(policy)
+        stop_service(retriever)
+
+
 def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: int, service32: list[dict]) -> Ratios:
     """One repetition on the merged-serving service: the baseline, the service at 1/8/32 against raw vLLM, and the
     trained checkpoint (like for like on raw vLLM, then as an agent). Appends the service@32 row to `service32`."""
@@ -273,6 +375,12 @@ def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: i
         # Section 2: is the engine as busy during the agent as on fixed-length work (tokens it computed per second)?
         "engine_computed_tok_s/service@32_over_fixed_length@32": engine[32]["computed_tok_s"]
         / engine["fixed"]["computed_tok_s"],
+        # ... and like for like: per second it had work, and how full its batch was then.
+        "engine_busy_computed_tok_s/service@32_over_fixed_length@32": engine[32]["busy_computed_tok_s"]
+        / max(engine["fixed"]["busy_computed_tok_s"], 1e-9),
+        "engine_mean_running/service@32_over_fixed_length@32": engine[32]["mean_running"]
+        / max(engine["fixed"]["mean_running"], 1e-9),
+        "engine_idle_share/service@32": engine[32]["idle_share"],
     }
     print(f"\nquestions/s ratio service@32 / baseline: {ratios['qps/service@32_over_baseline']:.2f}x (target >= 8x)")
     print(f"generated tok/s ratio service@32 / raw vLLM@32: {ratios['tok_s/service@32_over_raw_vllm@32']:.2f}x "
@@ -305,44 +413,22 @@ def main(argv: list[str] | None = None) -> None:
     add_repeat_arguments(parser, "agent", cost=cost)
     args = parser.parse_args(argv)
     started = time.perf_counter()
-
-    models = prepare_models(args.work)
-    questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_train.jsonl").open()]
-    questions = questions[: args.questions]
-
-    tmp = Path(tempfile.mkdtemp(prefix="bench-agent-"))
-    retriever = start_service("retriever", tmp / "retriever", {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models.retriever)})
-    with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
-        ingest_file(client, DEMO_DATA / "hotpotqa_corpus.jsonl", progress=False)
-    env = policy_env(models.root, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS=str(args.max_tokens),
-                     BRIDGE_POLICY_ADAPTER_SERVING="merged")  # fmt: skip
-    policy = start_service("policy", tmp / "policy", env, timeout=900)
-    vllm_url = f"http://127.0.0.1:{env['BRIDGE_POLICY_VLLM_PORT']}"
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(env["BRIDGE_POLICY_MODEL_DIR"])
-        prompts = [tokenizer.decode(tokenizer(q)["input_ids"]) for q in questions]
-        setup = Setup(retriever.url, vllm_url, tokenizer, questions, prompts)
+    with start_stack(args.work, args.questions, args.max_tokens, "bench-agent-") as stack:
+        setup = stack.setup
         # Warm-up: one question through the service (vLLM's first requests are slower).
-        asyncio.run(run_service(policy.url, questions[:2], 2, args.max_turns))
-        base, trained = active_version(policy), publish_trained(Path(policy.data_dir))
+        asyncio.run(run_service(stack.policy.url, setup.questions[:2], 2, args.max_turns))
+        base, trained = active_version(stack.policy), publish_trained(Path(stack.policy.data_dir))
         service32: list[dict] = []
-        runs = repeat(lambda i: measure_merged(policy, setup, args, base, trained, i, service32), args.repeat)
+        runs = repeat(lambda i: measure_merged(stack.policy, setup, args, base, trained, i, service32), args.repeat)
         if not args.no_lora_row:
-            stop_service(policy)  # one engine at a time on the cores
-            env = {**env, "BRIDGE_POLICY_ADAPTER_SERVING": "lora"}
-            policy = start_service("policy", tmp / "policy-lora", env, timeout=900)
+            policy = stack.restart_policy("policy-lora", BRIDGE_POLICY_ADAPTER_SERVING="lora")
             activate(policy, publish_trained(Path(policy.data_dir)))
-            asyncio.run(run_service(policy.url, questions[:2], 2, args.max_turns))  # warm-up, as above
+            asyncio.run(run_service(policy.url, setup.questions[:2], 2, args.max_turns))  # warm-up, as above
             for index, (run, base32) in enumerate(zip(runs, service32, strict=True)):
                 print(f"\n=== LoRA serving, repeat {index + 1}/{len(runs)}")
                 run["agent_tok_s/trained_lora_over_base@32"] = measure_lora(policy, setup, args, base32)
-        context = {"questions": len(questions), "max_turns": args.max_turns, "max_tokens": args.max_tokens}
+        context = {"questions": len(setup.questions), "max_turns": args.max_turns, "max_tokens": args.max_tokens}
         finish("agent", args, runs, started, context=context, argv=argv)
-    finally:
-        stop_service(policy)
-        stop_service(retriever)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.raw_http import RawConnection
 from bench.repeat import Ratios, add_repeat_arguments, finish, repeat
 from bench.script import REPO, SHARED_DATA, prepare_models, script_parser
 from services.common.hardware import resolve_dtype
@@ -103,30 +104,70 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise TimeoutError(url)
 
 
-async def drive(url: str, path: str, body_for, batches: list[list[str]], concurrency: int) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (the server under py-spy is py-spy's child)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        times = p.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+async def drive(url: str, path: str, body_for, batches: list[list[str]], concurrency: int, *,
+                client: str = "raw", server_pid: int | None = None) -> dict:  # fmt: skip
+    """`concurrency` clients send `batches` (each a request) as fast as answers come back; queries/s, latency, and
+    where the CPU went meanwhile: the clients' (this process) and the server's, in ms a query."""
     latencies: list[float] = []
     queue: asyncio.Queue = asyncio.Queue()
-    for batch in batches:
-        queue.put_nowait(batch)
 
-    async def worker(client: httpx.AsyncClient) -> None:
-        while not queue.empty():
-            batch = queue.get_nowait()
-            started = time.perf_counter()
-            response = await client.post(path, json=body_for(batch))
-            response.raise_for_status()
-            latencies.append(time.perf_counter() - started)
+    if client == "raw":  # bodies serialized before the clock starts, one keep-alive connection a client
+        probe = RawConnection(url)
+        for batch in batches:
+            queue.put_nowait(probe.request_bytes(path, json.dumps(body_for(batch)).encode()))
 
-    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-        await client.post(path, json=body_for(batches[0]))  # warm-up
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
+        async def worker() -> None:
+            async with RawConnection(url) as connection:
+                while not queue.empty():
+                    request = queue.get_nowait()
+                    started = time.perf_counter()
+                    await connection.send(request)
+                    latencies.append(time.perf_counter() - started)
+
+        async with RawConnection(url) as connection:  # warm-up
+            await connection.send(probe.request_bytes(path, json.dumps(body_for(batches[0])).encode()))
+    else:
+        for batch in batches:
+            queue.put_nowait(batch)
+        http = httpx.AsyncClient(base_url=url, timeout=120)
+
+        async def worker() -> None:
+            while not queue.empty():
+                batch = queue.get_nowait()
+                started = time.perf_counter()
+                response = await http.post(path, json=body_for(batch))
+                response.raise_for_status()
+                latencies.append(time.perf_counter() - started)
+
+        await http.post(path, json=body_for(batches[0]))  # warm-up
+    server_before = cpu_seconds(server_pid) if server_pid else 0.0
+    client_before, started = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    client_cpu = time.process_time() - client_before
+    server_cpu = cpu_seconds(server_pid) - server_before if server_pid else float("nan")
+    if client != "raw":
+        await http.aclose()
     queries = sum(len(b) for b in batches)
     return {
         "qps": queries / elapsed,
         "p50_ms": 1000 * percentile(latencies, 0.5),
         "p99_ms": 1000 * percentile(latencies, 0.99),
+        "client_cpu_ms_per_query": 1000 * client_cpu / queries,
+        "server_cpu_ms_per_query": 1000 * server_cpu / queries,
+        "cpu_busy_share": (client_cpu + server_cpu) / (elapsed * (os.cpu_count() or 1)),
     }
 
 
@@ -150,29 +191,33 @@ def micro_batches(url: str) -> tuple[float, float]:
     raise RuntimeError(f"{url}/metrics has no bridge_retriever_batch_queries")
 
 
-def encoder_floor(encoder: SentenceEncoder, queries: list[str], batch_size: int, reps: int = 30) -> float:
-    """Queries/s of the encoder's forward alone over `reps` batches of `batch_size` (the server's floor)."""
+def encoder_floor(encoder: SentenceEncoder, queries: list[str], batch_size: int, reps: int = 30) -> dict:
+    """The encoder's forward alone over `reps` batches of `batch_size` (the server's floor): queries/s, and the CPU
+    ms it spends a query (every core it used)."""
     batches = [queries[(i * batch_size) % len(queries) :][:batch_size] for i in range(reps)]
     encoder.encode(batches[0], batch_size=batch_size)  # warm-up
-    started = time.perf_counter()
+    cpu, started = time.process_time(), time.perf_counter()
     for batch in batches:
         encoder.encode(batch, batch_size=batch_size)
-    return sum(len(b) for b in batches) / (time.perf_counter() - started)
+    n = sum(len(b) for b in batches)
+    return {"qps": n / (time.perf_counter() - started), "cpu_ms_per_query": 1000 * (time.process_time() - cpu) / n}
 
 
 def measure_throughput(servers: dict[str, tuple], encoder: SentenceEncoder, queries: list[str],
-                       concurrency: int) -> Ratios:  # fmt: skip
-    """One repetition: both servers at batch 1 and 32 (a table), the throughput ratios, and the encoder's floor."""
-    print(f"\n{'':10} {'batch':>5} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8}   concurrency {concurrency}")
-    ratios, ours_b1 = {}, 0.0
+                       concurrency: int, client: str) -> Ratios:  # fmt: skip
+    """One repetition: both servers at batch 1 and 32 (a table), the throughput ratios, and the encoder's floor;
+    with where the CPU went (the clients', each server's) and the server's CPU a query against the floor's."""
+    print(f"\n{'':10} {'batch':>5} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'server CPU ms/q':>15} "
+          f"{'client CPU ms/q':>15} {'CPU busy':>8}   concurrency {concurrency}, {client} client")  # fmt: skip
+    ratios, ours_b1 = {}, {}
     for batch_size in (1, 32):
         batches = [queries[i : i + batch_size] for i in range(0, len(queries), batch_size)]
         if batch_size == 32:
             batches = batches * 4  # enough requests for stable percentiles
         results = {}
-        for name, (url, path, body) in servers.items():
+        for name, (url, path, body, pid) in servers.items():
             before = micro_batches(url) if name == "ours" else (0.0, 0.0)
-            results[name] = asyncio.run(drive(url, path, body, batches, concurrency))
+            results[name] = asyncio.run(drive(url, path, body, batches, concurrency, client=client, server_pid=pid))
             r = results[name]
             gathered = ""
             if name == "ours":  # how many concurrent queries shared a forward (the server's own histogram)
@@ -180,10 +225,12 @@ def measure_throughput(servers: dict[str, tuple], encoder: SentenceEncoder, quer
                 mean = (after[0] - before[0]) / max(after[1] - before[1], 1)
                 ratios[f"queries_per_forward/ours@batch{batch_size}"] = mean
                 gathered = f"   {mean:.1f} queries per micro-batch"
-            print(f"{name:10} {batch_size:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}{gathered}")
+            print(f"{name:10} {batch_size:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+                  f"{r['server_cpu_ms_per_query']:>15.2f} {r['client_cpu_ms_per_query']:>15.2f} "
+                  f"{r['cpu_busy_share']:>8.0%}{gathered}")  # fmt: skip
         ratios[f"qps/ours_over_baseline@batch{batch_size}"] = results["ours"]["qps"] / results["baseline"]["qps"]
         if batch_size == 1:
-            ours_b1 = results["ours"]["qps"]
+            ours_b1 = results["ours"]
     print()
     for batch_size in (1, 32):
         target = "2.0x" if batch_size == 1 else "1.0x"
@@ -191,10 +238,19 @@ def measure_throughput(servers: dict[str, tuple], encoder: SentenceEncoder, quer
         print(f"throughput ratio ours/baseline at batch {batch_size}: {ratio:.2f}x (target >= {target})")
     # The floor, measured with the servers idle: only the forward pass, no HTTP, index or batching window.
     floor = {n: encoder_floor(encoder, queries, n) for n in (1, concurrency)}
-    ratios[f"qps/ours@batch1_over_encoder_floor@{concurrency}"] = ours_b1 / floor[concurrency]
-    print(f"encoder floor: {floor[1]:.0f} q/s one query per forward, {floor[concurrency]:.0f} q/s "
-          f"{concurrency} per forward; ours at batch 1 reaches {ours_b1 / floor[concurrency]:.0%} "
-          f"of the latter")  # fmt: skip
+    at = floor[concurrency]
+    ratios[f"qps/ours@batch1_over_encoder_floor@{concurrency}"] = ours_b1["qps"] / at["qps"]
+    # Like for like where the clients share the server's cores: the encoder's CPU a query over the server's.
+    ratios[f"cpu_per_query/encoder_floor@{concurrency}_over_ours@batch1"] = (
+        at["cpu_ms_per_query"] / ours_b1["server_cpu_ms_per_query"]
+    )
+    ratios["client_cpu_ms_per_query@batch1"] = ours_b1["client_cpu_ms_per_query"]
+    print(f"encoder floor: {floor[1]['qps']:.0f} q/s one query per forward, {at['qps']:.0f} q/s {concurrency} per "
+          f"forward ({at['cpu_ms_per_query']:.2f} CPU ms a query); ours at batch 1 reaches "
+          f"{ours_b1['qps'] / at['qps']:.0%} of the latter's queries/s, and spends "
+          f"{ours_b1['server_cpu_ms_per_query']:.2f} CPU ms a query: the encoder's share of it is "
+          f"{ratios[f'cpu_per_query/encoder_floor@{concurrency}_over_ours@batch1']:.0%}; the clients spent "
+          f"{ours_b1['client_cpu_ms_per_query']:.2f} CPU ms a query on the same cores")  # fmt: skip
     return ratios
 
 
@@ -204,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--profile", type=Path, help="Run our server under py-spy; its raw samples go here.")
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                        help="The load generator: raw keep-alive HTTP/1.1 (default: costs the shared cores least) "
+                        "or httpx's AsyncClient (what earlier runs used).")  # fmt: skip
     add_repeat_arguments(parser, "retriever", cost="The servers start once; a repetition (both servers at batch 1 "
                          "and 32, the encoder floor) takes under a minute on 2 cores.")  # fmt: skip
     args = parser.parse_args(argv)
@@ -302,9 +361,12 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{name:10} recall@10 vs exact search {vs_exact:.3f}   hotpotqa supporting-doc recall@10 {support:.3f}"
             )
-        servers = {"baseline": (base_url, "/retrieve", base_body), "ours": (ours_url, "/v1/search", ours_body)}
-        runs = repeat(lambda _: measure_throughput(servers, encoder, queries, args.concurrency), args.repeat)
+        servers = {"baseline": (base_url, "/retrieve", base_body, baseline.pid),
+                   "ours": (ours_url, "/v1/search", ours_body, ours.pid)}  # fmt: skip
+        runs = repeat(lambda _: measure_throughput(servers, encoder, queries, args.concurrency, args.client),
+                      args.repeat)  # fmt: skip
         context = {"passages": len(docs), "queries": len(queries), "concurrency": args.concurrency, "dtype": DTYPE,
+                   "client": args.client,
                    "recall10_vs_exact": {name: round(float(q[0]), 4) for name, q in quality.items()}}  # fmt: skip
         finish("retriever", args, runs, started, context=context, argv=argv)
     finally:

@@ -15,18 +15,13 @@ what a swap leaves behind.
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
-from bench.agent import activate, active_version, publish_trained, raw_vllm
+from bench.agent import activate, active_version, publish_trained, raw_vllm, start_stack
 from bench.repeat import Ratios, add_repeat_arguments, finish, repeat
-from bench.script import DEMO_DATA, prepare_models, script_parser
-from services.cli.ingest import ingest_file
-from services.common.clients.retriever import RetrieverClient
-from tests.conftest import policy_env, start_service, stop_service
+from bench.script import script_parser
 
 
 def tok_s(vllm_url: str, prompts: list[str], max_tokens: int) -> float:
@@ -69,29 +64,13 @@ def main(argv: list[str] | None = None) -> None:
     add_repeat_arguments(parser, "swaps", cost=cost)
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    models = prepare_models(args.work)
-    questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_train.jsonl").open()]
-    tmp = Path(tempfile.mkdtemp(prefix="bench-swaps-"))
-    retriever = start_service("retriever", tmp / "retriever", {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models.retriever)})
-    with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
-        ingest_file(client, DEMO_DATA / "hotpotqa_corpus.jsonl", progress=False)
-    env = policy_env(models.root, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS=str(args.max_tokens),
-                     BRIDGE_POLICY_ADAPTER_SERVING="merged")  # fmt: skip
-    policy = start_service("policy", tmp / "policy", env, timeout=900)
-    try:
-        from transformers import AutoTokenizer
-
-        vllm_url = f"http://127.0.0.1:{env['BRIDGE_POLICY_VLLM_PORT']}"
-        tokenizer = AutoTokenizer.from_pretrained(env["BRIDGE_POLICY_MODEL_DIR"])
-        prompts = [tokenizer.decode(tokenizer(q)["input_ids"]) for q in questions[: args.prompts]]
+    with start_stack(args.work, args.prompts, args.max_tokens, "bench-swaps-") as stack:
+        policy, vllm_url, prompts = stack.policy, stack.setup.vllm_url, stack.setup.prompts
         tok_s(vllm_url, prompts[:4], 8)  # warm-up: vLLM's first requests are slower
         base, trained = active_version(policy), publish_trained(Path(policy.data_dir))
         runs = repeat(lambda _: series(policy, vllm_url, prompts, args, base, trained), args.repeat)
         context = {"swaps": args.swaps, "prompts": len(prompts), "max_tokens": args.max_tokens}
         finish("swaps", args, runs, started, context=context, argv=argv)
-    finally:
-        stop_service(policy)
-        stop_service(retriever)
 
 
 if __name__ == "__main__":

@@ -76,24 +76,32 @@ def test_round_scaling_repeats_every_round_and_reports_per_shape_ratios(tmp_path
 
 
 def test_retriever_repetition_reports_both_batches_and_the_floor(monkeypatch):
-    async def fake_drive(url: str, path: str, body_for, batches, concurrency: int) -> dict:
-        return {"qps": 210.0 if url == "ours" else 100.0, "p50_ms": 5.0, "p99_ms": 9.0}
+    drives = []
+
+    async def fake_drive(url: str, path: str, body_for, batches, concurrency: int, *, client, server_pid) -> dict:
+        drives.append((url, client, server_pid))
+        return {"qps": 210.0 if url == "ours" else 100.0, "p50_ms": 5.0, "p99_ms": 9.0, "cpu_busy_share": 0.9,
+                "server_cpu_ms_per_query": 8.0 if url == "ours" else 12.0, "client_cpu_ms_per_query": 1.5}  # fmt: skip
 
     monkeypatch.setattr(retriever, "drive", fake_drive)
-    monkeypatch.setattr(retriever, "encoder_floor", lambda encoder, queries, batch_size: 300.0)
+    monkeypatch.setattr(retriever, "encoder_floor",
+                        lambda encoder, queries, batch_size: {"qps": 300.0, "cpu_ms_per_query": 6.0})  # fmt: skip
     # our server's micro-batch histogram, (queries, batches) so far: 64 queries in 16 forwards at batch 1, then 128
     # queries (4 x 32) in 2 forwards at batch 32
     reads = iter([(0.0, 0.0), (64.0, 16.0), (64.0, 16.0), (192.0, 18.0)])
     monkeypatch.setattr(retriever, "micro_batches", lambda url: next(reads))
-    servers = {"baseline": ("baseline", "/retrieve", None), "ours": ("ours", "/v1/search", None)}
-    ratios = retriever.measure_throughput(servers, None, ["a question"] * 64, 8)
+    servers = {"baseline": ("baseline", "/retrieve", None, 11), "ours": ("ours", "/v1/search", None, 22)}
+    ratios = retriever.measure_throughput(servers, None, ["a question"] * 64, 8, "raw")
     assert ratios == {
         "qps/ours_over_baseline@batch1": 2.1,
         "qps/ours_over_baseline@batch32": 2.1,
         "qps/ours@batch1_over_encoder_floor@8": 0.7,
+        "cpu_per_query/encoder_floor@8_over_ours@batch1": 0.75,  # 6 of the server's 8 CPU ms a query
+        "client_cpu_ms_per_query@batch1": 1.5,
         "queries_per_forward/ours@batch1": 4.0,
         "queries_per_forward/ours@batch32": 64.0,
     }
+    assert set(drives) == {("baseline", "raw", 11), ("ours", "raw", 22)}  # each server's own process is watched
     assert headline_keys("retriever") <= set(ratios)
 
 
@@ -118,6 +126,7 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
         return {key: 100.0 * len(reads) if key == "generation_tokens" else 0.0 for key in agent.ENGINE_SAMPLES}
 
     monkeypatch.setattr(agent, "engine_counters", fake_counters)
+    monkeypatch.setattr(agent, "sample_gauges", lambda url, every_s, stop, into: None)  # no gauge: never idle
     setup = agent.Setup("retriever", "vllm", None, ["q"] * 4, ["q"] * 4)
     args = argparse.Namespace(max_turns=1, max_tokens=48)
     service32: list[dict] = []
@@ -126,8 +135,13 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
 
     assert activated == ["trained", "base", "trained"]  # the second repetition re-activates the base first
     assert set(reads) == {"vllm"} and len(reads) == 2 * 2 * 5  # around the 3 agent rows, fixed length, trained
-    engine = [run.pop("engine_computed_tok_s/service@32_over_fixed_length@32") for run in runs]
-    assert all(value > 0 for value in engine)  # a ratio of two timings: only its presence and sign are fixed
+    engine_keys = ["engine_computed_tok_s/service@32_over_fixed_length@32",
+                   "engine_busy_computed_tok_s/service@32_over_fixed_length@32"]  # fmt: skip
+    for key in engine_keys:  # ratios of two timings: only their presence and sign are fixed
+        assert all(run.pop(key) > 0 for run in runs)
+    # The fake counters hold no running-request seconds, and no gauge sample ever saw the engine idle.
+    assert [run.pop("engine_mean_running/service@32_over_fixed_length@32") for run in runs] == [0.0, 0.0]
+    assert [run.pop("engine_idle_share/service@32") for run in runs] == [0.0, 0.0]
     assert (
         runs[0]
         == runs[1]
@@ -139,7 +153,7 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
         }
     )
     assert len(service32) == 2 and agent.measure_lora(policy, setup, args, service32[0]) == 0.5
-    assert headline_keys("agent") <= set(runs[0]) | {"engine_computed_tok_s/service@32_over_fixed_length@32"}
+    assert headline_keys("agent") <= set(runs[0]) | set(engine_keys)
 
 
 def test_activate_registers_a_checkpoint_folder_but_never_the_base(monkeypatch):
