@@ -53,6 +53,8 @@ from tests.conftest import RunningService, policy_env, start_service, stop_servi
 
 
 async def run_service(url: str, questions: list[str], concurrency: int, max_turns: int) -> dict:
+    """`questions` through the service's agent endpoint by `concurrency` clients: questions/s, latency, the seconds
+    it took and the trajectory ids (their tokens are counted after, outside the timed window: `generated_tokens`)."""
     latencies: list[float] = []
     ids: list[str] = []
     queue: asyncio.Queue = asyncio.Queue()
@@ -72,16 +74,29 @@ async def run_service(url: str, questions: list[str], concurrency: int, max_turn
         started = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-        tokens = 0
-        for trajectory_id in ids:
-            record = (await client.get(f"/v1/trajectories/{trajectory_id}")).json()
-            tokens += sum(len(t["generated_ids"]) for t in record["turns"])
     return {
         "qps": len(questions) / elapsed,
         "p50": percentile(latencies, 0.5),
         "p99": percentile(latencies, 0.99),
-        "tok_s": tokens / elapsed,
+        "elapsed": elapsed,
+        "ids": ids,
     }
+
+
+def generated_tokens(url: str, trajectory_ids: list[str]) -> int:
+    """Tokens the policy generated in these trajectories (from the service's trajectory log)."""
+    with httpx.Client(base_url=url, timeout=600) as client:
+        records = [client.get(f"/v1/trajectories/{t}").json() for t in trajectory_ids]
+    return sum(len(turn["generated_ids"]) for record in records for turn in record["turns"])
+
+
+def service_row(policy_url: str, vllm_url: str, questions: list[str], concurrency: int,
+                max_turns: int) -> tuple[dict, dict[str, float]]:  # fmt: skip
+    """One agent row, and what the engine did during it (only while the questions run: the trajectories are read
+    after, or the engine would look idle while we read them)."""
+    r, engine = engine_during(vllm_url, lambda: asyncio.run(run_service(policy_url, questions, concurrency, max_turns)))
+    r["tok_s"] = generated_tokens(policy_url, r.pop("ids")) / r["elapsed"]
+    return r, engine
 
 
 async def raw_vllm(
@@ -339,10 +354,7 @@ def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: i
     print(row("baseline (1 by 1)", baseline))
     results, engine = {}, {}
     for concurrency in (1, 8, 32):
-        r, engine[concurrency] = engine_during(
-            setup.vllm_url,
-            lambda c=concurrency: asyncio.run(run_service(policy.url, setup.questions, c, args.max_turns)),
-        )
+        r, engine[concurrency] = service_row(policy.url, setup.vllm_url, setup.questions, concurrency, args.max_turns)
         raw = asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, concurrency, args.max_tokens))
         r["raw"] = raw
         results[concurrency] = r
@@ -360,9 +372,7 @@ def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: i
     same_work.append(asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True)))
     print(f"raw vLLM tok/s at 32, same prompts, {args.max_tokens} tokens each: "
           f"base {same_work[0]:.1f}, trained (merged) {same_work[1]:.1f}")  # fmt: skip
-    merged, engine["trained"] = engine_during(
-        setup.vllm_url, lambda: asyncio.run(run_service(policy.url, setup.questions, 32, args.max_turns))
-    )
+    merged, engine["trained"] = service_row(policy.url, setup.vllm_url, setup.questions, 32, args.max_turns)
     print(row("trained, merged, conc 32", merged))
     print(engine_line("the trained policy's agent at 32", engine["trained"]))
     r32 = results[32]
@@ -394,7 +404,7 @@ def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: i
 
 def measure_lora(policy, setup: Setup, args, base32: dict) -> float:
     """The trained checkpoint served as a LoRA adapter at 32 (already active): its agent tok/s over the base's."""
-    lora = asyncio.run(run_service(policy.url, setup.questions, 32, args.max_turns))
+    lora, _ = service_row(policy.url, setup.vllm_url, setup.questions, 32, args.max_turns)
     print(row("trained, LoRA, conc 32", lora))
     ratio = lora["tok_s"] / base32["tok_s"]
     print(f"agent tok/s ratio trained (lora)/base at 32: {ratio:.2f}x")

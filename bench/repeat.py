@@ -143,8 +143,13 @@ def repeat(measure: Callable[[int], Mapping[str, float]], times: int) -> list[Ra
 
 
 def unit(key: str) -> str:
-    """Ratios print as "1.23x"; a key ending in `_s` is seconds (e.g. the seconds a Q sample adds)."""
-    return " s" if key.endswith("_s") else "x"
+    """Ratios print as "1.23x"; a key ending in `_s` is seconds (e.g. the seconds a Q sample adds), in `_ms`
+    milliseconds, and one naming a share is a fraction of 1."""
+    if key.endswith("_ms"):
+        return " ms"
+    if key.endswith("_s"):
+        return " s"
+    return "" if "share" in key else "x"
 
 
 def summary_lines(spreads: Mapping[str, Spread], cpu: Cpu) -> list[str]:

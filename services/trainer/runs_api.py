@@ -79,11 +79,11 @@ def run_detail(runs_dir: Path, run_id: str) -> RunDetail | None:
     return RunDetail(summary=_summary(state, rows[-1] if rows else None), config=state["config"], metrics=rows)
 
 
-def _runs_dir(request: Request) -> Path:
+async def _runs_dir(request: Request) -> Path:
     return request.app.state.runs_dir
 
 
-def _registry(request: Request) -> CollectorRegistry:
+async def _registry(request: Request) -> CollectorRegistry:
     return request.app.state.registry
 
 

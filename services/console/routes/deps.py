@@ -7,7 +7,7 @@ from fastapi import Depends, Request
 from services.console.service import ConsoleService
 
 
-def get_service(request: Request) -> ConsoleService:
+async def get_service(request: Request) -> ConsoleService:
     return request.app.state.service
 
 

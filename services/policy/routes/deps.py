@@ -9,7 +9,7 @@ from services.policy.metrics import PolicyMetrics
 from services.policy.service import PolicyService
 
 
-def get_service(request: Request) -> PolicyService:
+async def get_service(request: Request) -> PolicyService:
     return app_service(request, "policy service is still loading")
 
 

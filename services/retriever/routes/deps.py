@@ -9,7 +9,7 @@ from services.retriever.metrics import RetrieverMetrics
 from services.retriever.service import RetrieverService
 
 
-def get_service(request: Request) -> RetrieverService:
+async def get_service(request: Request) -> RetrieverService:
     return app_service(request, "retriever is still loading")
 
 

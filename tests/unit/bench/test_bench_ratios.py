@@ -84,8 +84,15 @@ def test_retriever_repetition_reports_both_batches_and_the_floor(monkeypatch):
                 "server_cpu_ms_per_query": 8.0 if url == "ours" else 12.0, "client_cpu_ms_per_query": 1.5}  # fmt: skip
 
     monkeypatch.setattr(retriever, "drive", fake_drive)
-    monkeypatch.setattr(retriever, "encoder_floor",
-                        lambda encoder, queries, batch_size: {"qps": 300.0, "cpu_ms_per_query": 6.0})  # fmt: skip
+    # The floor at 8 right before the batch-1 drives, right after them (averaged: 300 q/s, 6 CPU ms), then at 1.
+    floors = iter([(8, 400.0, 4.0), (8, 200.0, 8.0), (1, 90.0, 20.0)])
+
+    def fake_floor(encoder, queries, batch_size: int) -> dict:
+        expected, qps, cpu = next(floors)
+        assert batch_size == expected
+        return {"qps": qps, "cpu_ms_per_query": cpu}
+
+    monkeypatch.setattr(retriever, "encoder_floor", fake_floor)
     # our server's micro-batch histogram, (queries, batches) so far: 64 queries in 16 forwards at batch 1, then 128
     # queries (4 x 32) in 2 forwards at batch 32
     reads = iter([(0.0, 0.0), (64.0, 16.0), (64.0, 16.0), (192.0, 18.0)])
@@ -97,7 +104,7 @@ def test_retriever_repetition_reports_both_batches_and_the_floor(monkeypatch):
         "qps/ours_over_baseline@batch32": 2.1,
         "qps/ours@batch1_over_encoder_floor@8": 0.7,
         "cpu_per_query/encoder_floor@8_over_ours@batch1": 0.75,  # 6 of the server's 8 CPU ms a query
-        "client_cpu_ms_per_query@batch1": 1.5,
+        "client_cpu_per_query@batch1_ms": 1.5,
         "queries_per_forward/ours@batch1": 4.0,
         "queries_per_forward/ours@batch32": 64.0,
     }
@@ -110,12 +117,17 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
 
     async def fake_service(url: str, questions, concurrency: int, max_turns: int) -> dict:
         trained = bool(activated) and activated[-1] == "trained"
-        return {"qps": 4.0 * concurrency**0.5, "p50": 1.0, "p99": 2.0, "tok_s": 50.0 if trained else 100.0}
+        ids = [f"{'trained' if trained else 'base'}-{i}" for i in range(4)]
+        return {"qps": 4.0 * concurrency**0.5, "p50": 1.0, "p99": 2.0, "elapsed": 2.0, "ids": ids}
+
+    def fake_tokens(url: str, trajectory_ids: list[str]) -> int:  # the trained policy says half as much
+        return sum(25 if t.startswith("trained") else 50 for t in trajectory_ids)
 
     async def fake_raw(url: str, prompts, concurrency: int, max_tokens: int, fixed_length: bool = False) -> float:
         return 190.0 if activated and activated[-1] == "trained" else 200.0
 
     monkeypatch.setattr(agent, "run_service", fake_service)
+    monkeypatch.setattr(agent, "generated_tokens", fake_tokens)
     monkeypatch.setattr(agent, "raw_vllm", fake_raw)
     monkeypatch.setattr(agent, "run_baseline", lambda *a: {"qps": 2.0, "p50": 1.0, "p99": 1.0, "tok_s": 20.0})
     monkeypatch.setattr(agent, "activate", lambda policy, version: activated.append(version))
@@ -153,7 +165,8 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
         }
     )
     assert len(service32) == 2 and agent.measure_lora(policy, setup, args, service32[0]) == 0.5
-    assert headline_keys("agent") <= set(runs[0]) | set(engine_keys)
+    popped = {*engine_keys, "engine_mean_running/service@32_over_fixed_length@32", "engine_idle_share/service@32"}
+    assert headline_keys("agent") <= set(runs[0]) | popped
 
 
 def test_activate_registers_a_checkpoint_folder_but_never_the_base(monkeypatch):

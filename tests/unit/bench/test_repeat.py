@@ -86,12 +86,14 @@ def test_repeat_calls_the_measurement_once_per_repeat_with_its_index(capsys):
 
 def test_finish_prints_median_and_spread_and_writes_the_json(tmp_path, capsys):
     args = argparse.Namespace(json=tmp_path / "sub" / "retriever.json")
-    runs = [{"qps/ours_over_baseline@batch1": v, "per_q_s": 2 * v} for v in (2.1, 1.9, 2.4)]
+    runs = [{"qps/ours_over_baseline@batch1": v, "per_q_s": 2 * v, "cpu@1_ms": 3 * v, "idle_share": v / 10}
+            for v in (2.1, 1.9, 2.4)]  # fmt: skip
     data = rep.finish("retriever", args, runs, started=0.0, context={"queries": 512}, argv=["--repeat", "3"])
     out = capsys.readouterr().out
     assert "median and spread over 3 repeats; CPU: " in out
     assert "median 2.10x  min-max 1.90-2.40x" in out and "(2.10 1.90 2.40)" in out
     assert "median 4.20 s" in out  # a key ending in _s is seconds, not a ratio
+    assert "median 6.30 ms" in out and "median 0.21  min-max 0.19-0.24  " in out  # milliseconds; a share
     written = json.loads(args.json.read_text())
     assert written == data
     assert written["bench"] == "retriever" and written["repeat"] == 3
