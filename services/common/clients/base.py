@@ -10,6 +10,8 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_
 
 # Requests whose repetition changes nothing (RFC 9110 9.2.2); no service honours an idempotency key on a POST.
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+# POSTs that only read (a search, a passage lookup: the body carries the queries): resending one changes nothing.
+READ_ONLY_POSTS = frozenset({"/v1/search", "/v1/documents/lookup", "/retrieve"})
 # An upstream that is there but cannot answer right now (a checkpoint swap, a restart behind a proxy).
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 
@@ -17,11 +19,17 @@ UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 def _safe_to_resend(exc: BaseException) -> bool:
     """A connection that never reached the server (refused, or no connection in time) is safe to retry for any
     request. A connection dropped before the answer (a stale keep-alive connection, a server that died mid-request)
-    may have delivered the request already, so it is resent only when repeating it changes nothing: never a POST,
-    which the server may have taken (a registered checkpoint, an activation, a logged trajectory)."""
+    may have delivered the request already, so it is resent only when repeating it changes nothing: an idempotent
+    method, or a POST that only reads (a search); never another POST, which the server may have taken (a registered
+    checkpoint, an activation, a logged trajectory). A stale keep-alive connection the server closed as it was
+    reused surfaces as a dropped connection or a reset (`ReadError`)."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return True
-    return isinstance(exc, httpx.RemoteProtocolError) and exc.request.method in IDEMPOTENT_METHODS
+    if not isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
+        return False
+    return exc.request.method in IDEMPOTENT_METHODS or (
+        exc.request.method == "POST" and exc.request.url.path in READ_ONLY_POSTS
+    )
 
 
 _transient = retry(

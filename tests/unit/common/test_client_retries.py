@@ -64,6 +64,14 @@ def test_a_post_the_server_took_is_not_sent_again(dropping):
     assert dropping.requests == 1
 
 
+def test_a_search_whose_connection_drops_is_sent_again(dropping):
+    # A POST that only reads (a stale keep-alive connection to the retriever, closed as the policy reused it).
+    with SyncServiceClient(dropping.url, timeout=10) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            client._call("POST", "/v1/search", json={"queries": ["q"]})
+    assert dropping.requests == 5  # every attempt of the policy
+
+
 def test_a_get_whose_connection_drops_is_sent_again(dropping):
     with SyncServiceClient(dropping.url, timeout=10) as client:
         with pytest.raises(httpx.RemoteProtocolError):
