@@ -18,7 +18,8 @@ class HTTPStatusError(RuntimeError):
 
 
 class RawConnection:
-    """One keep-alive HTTP/1.1 connection; `post` sends a prepared body and returns the response's body."""
+    """One keep-alive HTTP/1.1 connection; `send` sends a request made by `request_bytes` and returns the response's
+    body."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
