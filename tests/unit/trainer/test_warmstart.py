@@ -7,7 +7,6 @@ import asyncio
 import json
 
 import pytest
-import torch
 
 from services.common.answers import trajectory_text, valid_search_r1_sequence
 from services.eval.split import EVAL_SPLIT, SplitViolation
@@ -21,12 +20,11 @@ from services.trainer.warmstart import (
     build_record,
     cached_examples,
     choose_answer,
-    masked_lm_loss,
-    oversample_two_search,
     pool_item,
     search_query,
     second_search_target,
     select_items,
+    split_heldout,
     to_example,
     training_pool,
 )
@@ -176,19 +174,6 @@ def test_build_examples_with_the_real_retriever(tmp_path, models_root, tokenizer
     assert "Doc 1(Title: Anna Clyne) Anna Clyne is a British composer" in text
 
 
-def test_masked_lm_loss_by_hand():
-    logits = torch.zeros(1, 3, 4)  # (B, T, V): uniform, so every label costs log 4
-    logits[0, 1, 2] = 10.0  # position 1 predicts token 2 almost surely
-    ids = torch.tensor([[0, 1, 2]])
-    loss, count = masked_lm_loss(logits, ids, torch.tensor([[0, 1, 1]]))
-    expected = torch.log(torch.tensor(4.0)) + (-torch.log_softmax(logits[0, 1], -1)[2])
-    assert count == 2 and torch.isclose(loss, expected)
-    loss, count = masked_lm_loss(logits, ids, torch.tensor([[1, 0, 1]]))  # the first token is never a label
-    assert count == 1 and torch.isclose(loss, -torch.log_softmax(logits[0, 1], -1)[2])
-    loss, count = masked_lm_loss(logits, ids, torch.zeros(1, 3, dtype=torch.long))
-    assert count == 0 and loss == 0
-
-
 def test_the_warm_start_draws_from_the_training_pool_only(tmp_path):
     rows = [{"id": f"q{i}", "question": f"question {i}?", "golden_answers": ["a"]} for i in range(EVAL_SPLIT + 30)]
     (tmp_path / "nq.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -201,8 +186,10 @@ def test_the_warm_start_draws_from_the_training_pool_only(tmp_path):
 def test_two_search_trajectories_are_oversampled_on_request(tokenizer):
     one = to_example(tokenizer, _item(), [FIRST])
     two = to_example(tokenizer, _item(position=151), [FIRST, SECOND])
-    assert oversample_two_search([one, two], 1) == [one, two]
-    assert oversample_two_search([one, two], 3) == [one, two, two, two]
+    config = WarmstartConfig(recipe="protocol", heldout=0, two_search_repeat=1)
+    assert sorted(len(g) for g in split_heldout([one, two], config)[0]) == [1, 1]
+    groups, _ = split_heldout([one, two], config.model_copy(update={"two_search_repeat": 3}))
+    assert sorted(g[0].id for g in groups) == ["q150", "q151", "q151", "q151"]
 
 
 def test_a_cached_example_set_is_used_only_for_the_same_draw(tmp_path, tokenizer):

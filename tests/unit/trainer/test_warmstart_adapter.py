@@ -10,17 +10,24 @@ import pytest
 
 from services.cli.prepare import prepare_warmstart_model
 from services.common.settings import CommonSettings
-from services.trainer.warmstart import EVAL_SPLIT, SHIPPED_ADAPTER_DIR, verify_adapter
+from services.trainer.warmstart import EVAL_SPLIT, SHIPPED_ADAPTER_DIR, SHIPPED_ADAPTERS, verify_adapter
 
 
-def test_shipped_manifest_matches_its_files_and_the_split():
-    manifest = verify_adapter(SHIPPED_ADAPTER_DIR)
+@pytest.mark.parametrize("name", sorted(SHIPPED_ADAPTERS))
+def test_every_shipped_manifest_matches_its_files_and_the_split(name):
+    folder = SHIPPED_ADAPTERS[name]
+    if name != "protocol" and not folder.exists():
+        pytest.skip(f"{folder} is not committed")
+    manifest = verify_adapter(folder)
     assert set(manifest["files"]) == {"adapter_model.safetensors", "adapter_config.json"}
     assert manifest["command"].startswith("bridge-rl warmstart") and manifest["data"]["eval_split"] == EVAL_SPLIT
     assert manifest["training"]["heldout_loss"][-1]["loss"] < manifest["training"]["heldout_loss"][0]["loss"]
-    # no trained id is among the first EVAL_SPLIT questions of its file (checked against the shared data if present)
-    qa_dir = SHIPPED_ADAPTER_DIR.parents[2].parent / "shared" / "data" / "qa"
+    held = set(manifest["data"]["heldout_ids"]) | set(manifest["data"].get("hold_out_ids", []))
+    # no trained id is among the first EVAL_SPLIT questions of its file (checked against the shared data if present),
+    # nor among the questions it holds out
+    qa_dir = folder.parents[2].parent / "shared" / "data" / "qa"
     for dataset, ids in manifest["data"]["trained_ids"].items():
+        assert not {f"{dataset}:{i}" for i in ids} & held
         path = qa_dir / f"{dataset}.jsonl"
         if path.exists():
             evaluation = {json.loads(line)["id"] for line in path.open().readlines()[:EVAL_SPLIT]}

@@ -1,0 +1,166 @@
+"""Reading examples for the warm start (issue 38): RAFT-style trajectories that teach the policy to read.
+
+The first warm start taught the protocol (search, then answer) but not reading: its loss was over every agent
+token, almost all of them template, and the answer's few tokens carried a tiny share of it. A reading example is
+still a whole Search-R1 trajectory (the agent writes its `<search>` and its `<answer>`), but:
+
+- its `<information>` block mixes the question's supporting passages with hard distractors (the real retriever's
+  top non-supporting passages for the question, none of which contains a gold alias), in a seeded random order,
+  so the gold passage's position carries no signal;
+- its target is the answer *as the passage writes it* (the first gold alias found in a supporting passage, with
+  the passage's own spelling and case), so the answer is a span the model can copy from its context;
+- its answer tokens are marked (`answer_mask`) so the loss can weight them above the template;
+- a share of the variants (`gold_missing`) shows only distractors on the first search; the target then searches
+  again, by the supporting passage's title, and answers from what that real search shows (kept only when it shows
+  a supporting passage): when the evidence lacks the answer, the agent searches again instead of guessing.
+
+Questions without passages (triviaqa, medqa: no corpus) keep the protocol trajectories of the first warm start,
+with their answer tokens marked too.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from services.common.answers import normalize_answer
+from services.trainer.warmstart import (
+    PoolItem,
+    ReadingRecipe,
+    SFTExample,
+    Shown,
+    WarmstartRetriever,
+    _shown,
+    build_examples,
+    search_query,
+    to_example,
+)
+
+
+def answer_as_written(golden_answers: Sequence[str], texts: Sequence[str]) -> str | None:
+    """The first gold alias that occurs in `texts` (case-insensitive, on word boundaries, punctuation between its
+    words tolerated), returned with the passage's own spelling; None when no alias occurs."""
+    for gold in golden_answers:
+        words = re.findall(r"\w+", gold)
+        if not words:
+            continue
+        pattern = re.compile(r"(?<!\w)" + r"\W{1,3}".join(re.escape(w) for w in words) + r"(?!\w)", re.IGNORECASE)
+        for text in texts:
+            match = pattern.search(text)
+            if match:
+                return match.group(0)
+    return None
+
+
+def contains_gold(golden_answers: Sequence[str], text: str) -> bool:
+    body = f" {normalize_answer(text)} "
+    return any((norm := normalize_answer(g)) and f" {norm} " in body for g in golden_answers)
+
+
+def hard_distractors(item: PoolItem, ranked: Shown, closed_answer: bool) -> list[tuple[str, str, str]]:
+    """The retriever's passages for the question that are neither supporting nor hold a gold alias (for a
+    yes/no or multiple-choice question any non-supporting passage qualifies), best-ranked first."""
+    support = set(item.supporting_doc_ids)
+    return [
+        d
+        for d in ranked.docs
+        if d[0] not in support and (closed_answer or not contains_gold(item.golden_answers, f"{d[1]} {d[2]}"))
+    ]
+
+
+def closed_answer(item: PoolItem) -> bool:
+    """A multiple-choice or yes/no/maybe question: its answer is a label, not a span of the passage."""
+    return item.choice is not None or {normalize_answer(g) for g in item.golden_answers} <= {"yes", "no", "maybe"}
+
+
+def reading_target(item: PoolItem, gold_docs: Sequence[tuple[str, str, str]]) -> str | None:
+    if item.choice is not None:
+        return item.choice[0]
+    if closed_answer(item):
+        return item.golden_answers[0].strip()
+    return answer_as_written(item.golden_answers, [f"{title}\n{text}" for _, title, text in gold_docs])
+
+
+def variant_searches(
+    query: str,
+    gold_docs: Sequence[tuple[str, str, str]],
+    distractors: Sequence[tuple[str, str, str]],
+    recipe: ReadingRecipe,
+    rng: random.Random,
+    second: Shown | None,
+) -> tuple[list[Shown], bool] | None:
+    """One variant's searches and whether its first search shows gold; None when it cannot be built."""
+    k = recipe.passages
+    pool = list(distractors[: 2 * k])  # hard: the retriever's best non-answers, a seeded pick among them
+    if rng.random() < recipe.gold_missing and second is not None and len(pool) >= k:
+        first = Shown(query, tuple(rng.sample(pool, k)))
+        return [first, second], False
+    golds = list(gold_docs[:k])
+    need = k - len(golds)
+    if len(pool) < need:
+        return None
+    docs = golds + rng.sample(pool, need)
+    rng.shuffle(docs)
+    return [Shown(query, tuple(docs))], True
+
+
+async def build_reading_examples(
+    retriever: WarmstartRetriever,
+    tokenizer: Any,
+    items: Sequence[PoolItem],
+    recipe: ReadingRecipe,
+    seed: int,
+    batch: int = 64,
+) -> list[SFTExample]:
+    """`recipe.variants` reading examples per question with passages; protocol examples (one per question) for
+    questions whose supporting passages are not in the index. Every example's `answer_mask` marks its answer."""
+    from tqdm import tqdm
+
+    examples: list[SFTExample] = []
+    fallback: list[PoolItem] = []
+    for start in tqdm(range(0, len(items), batch), desc="build reading examples", unit="batch"):
+        chunk = items[start : start + batch]
+        passages = retriever.titles([d for i in chunk for d in i.supporting_doc_ids])
+        queries = [search_query(i.question) for i in chunk]
+        ranked = await retriever.search(queries, top_k=recipe.candidates, candidates=recipe.candidates)
+        golds: dict[int, list[tuple[str, str, str]]] = {}
+        answers: dict[int, str] = {}
+        for n, item in enumerate(chunk):
+            gold_docs = [(d, *passages[d]) for d in item.supporting_doc_ids if d in passages]
+            answer = reading_target(item, gold_docs) if gold_docs else None
+            if answer is None:
+                fallback.append(item)
+            else:
+                # the passage that holds the answer first: it is always shown, and the second search looks for it
+                holds = {d[0]: answer_as_written([answer], [f"{d[1]}\n{d[2]}"]) is not None for d in gold_docs}
+                golds[n], answers[n] = sorted(gold_docs, key=lambda d: not holds[d[0]]), answer
+        # The gold-missing variants' second search: by the first supporting passage's title, kept only when the
+        # real search shows a supporting passage that holds the answer (a label answer: any supporting passage).
+        titles = {n: golds[n][0][1].strip() for n in golds if golds[n][0][1].strip()}
+        seconds: dict[int, Shown] = {}
+        if titles:
+            wanted = list(titles.items())
+            response = await retriever.search([t for _, t in wanted], top_k=recipe.passages, candidates=recipe.passages)
+            for (n, title), result in zip(wanted, response.results, strict=True):
+                shown = _shown(title, result)
+                support = [d for d in shown.docs if d[0] in chunk[n].supporting_doc_ids]
+                if support and (closed_answer(chunk[n]) or reading_target(chunk[n], support) is not None):
+                    seconds[n] = shown
+        for n, (item, query, result) in enumerate(zip(chunk, queries, ranked.results, strict=True)):
+            if n not in golds:
+                continue
+            distractors = hard_distractors(item, _shown(query, result), closed_answer(item))
+            for v in range(recipe.variants):
+                rng = random.Random(f"{seed}:{item.dataset}:{item.id}:{v}")
+                built = variant_searches(query, golds[n], distractors, recipe, rng, seconds.get(n))
+                if built is None:
+                    continue
+                searches, gold_first = built
+                example = to_example(tokenizer, item, searches, answer=answers[n])
+                kind = "reading" if gold_first else "reading-second-search"
+                examples.append(example.model_copy(update={"variant": v, "kind": kind}))
+    if fallback:
+        examples += await build_examples(retriever, tokenizer, fallback, top_k=recipe.passages)
+    return examples

@@ -1,0 +1,138 @@
+"""Reading examples (issue 38): the answer as the passage writes it, hard distractors without the answer, the gold
+passage at a seeded position, the gold-missing variant that searches again, and the answer's token mask."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from services.common.answers import valid_search_r1_sequence
+from services.retriever.inprocess import InProcessRetriever
+from services.trainer.reading import (
+    answer_as_written,
+    build_reading_examples,
+    closed_answer,
+    hard_distractors,
+    reading_target,
+    variant_searches,
+)
+from services.trainer.warmstart import PoolItem, ReadingRecipe, Shown, to_example
+
+
+@pytest.fixture(scope="module")
+def tokenizer(policy_models_root):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(policy_models_root / "SmolLM2-135M-Instruct"))
+
+
+def _item(golds=("Anna Clyne",), support=("g1",), dataset="nq", choice=None) -> PoolItem:
+    return PoolItem(
+        id="q1", dataset=dataset, position=150, question="Who composed Night Ferry?", golden_answers=list(golds),
+        supporting_doc_ids=list(support), choice=choice,
+    )  # fmt: skip
+
+
+def test_the_target_is_the_alias_with_the_passages_spelling():
+    text = "Night Ferry is a piece by the British composer ANNA CLYNE, first played in 2012."
+    assert answer_as_written(["anna clyne"], [text]) == "ANNA CLYNE"
+    # the first alias that occurs wins; punctuation between an alias's words is tolerated, words are whole
+    assert answer_as_written(["Super Bowl LII,", "2012"], [text]) == "2012"
+    assert answer_as_written(["Super Bowl LII"], ["won Super Bowl LII, in 2018"]) == "Super Bowl LII"
+    assert answer_as_written(["U.S."], ["the U.S. army"]) == "U.S"
+    assert answer_as_written(["Clyne"], ["Clynes"]) is None
+    assert answer_as_written(["x"], []) is None
+
+
+def test_label_questions_answer_with_their_label():
+    assert closed_answer(_item(golds=("yes",))) and closed_answer(
+        _item(golds=("C", "Aspirin"), choice=("C", "Aspirin"))
+    )
+    assert not closed_answer(_item())
+    assert reading_target(_item(golds=("C", "Aspirin"), choice=("C", "Aspirin")), [("g1", "t", "aspirin")]) == "C"
+    assert reading_target(_item(golds=("maybe",)), [("g1", "t", "unrelated")]) == "maybe"
+    assert reading_target(_item(), [("g1", "Night Ferry", "by anna clyne")]) == "anna clyne"
+    assert reading_target(_item(), [("g1", "Night Ferry", "an orchestral piece")]) is None
+
+
+def test_hard_distractors_hold_neither_support_nor_answer():
+    ranked = Shown("q", (("g1", "Night Ferry", "by Anna Clyne"), ("d1", "Clyne", "Anna Clyne was born in London"),
+                         ("d2", "Ferry", "a boat"), ("d3", "Night", "darkness")))  # fmt: skip
+    assert [d[0] for d in hard_distractors(_item(), ranked, closed_answer=False)] == ["d2", "d3"]
+    assert [d[0] for d in hard_distractors(_item(), ranked, closed_answer=True)] == ["d1", "d2", "d3"]
+
+
+def test_variants_put_the_gold_passage_anywhere_and_sometimes_leave_it_out():
+    gold = [("g1", "Night Ferry", "by Anna Clyne")]
+    distractors = [(f"d{i}", f"t{i}", "x") for i in range(8)]
+    second = Shown("Night Ferry", tuple(gold))
+    recipe = ReadingRecipe(passages=3, gold_missing=0.25)
+    positions, missing = Counter(), 0
+    for seed in range(400):
+        searches, gold_first = variant_searches("q", gold, distractors, recipe, random.Random(seed), second)
+        if not gold_first:
+            missing += 1
+            assert len(searches) == 2 and searches[1] is second and "g1" not in searches[0].ids
+            continue
+        [shown] = searches
+        assert len(shown.docs) == 3 and len(set(shown.ids)) == 3
+        assert all(d in [f"d{i}" for i in range(6)] for d in shown.ids if d != "g1")  # the hardest 2k only
+        positions[shown.ids.index("g1")] += 1
+    assert 60 < missing < 140  # ~25 % of 400
+    assert min(positions.values()) > 70  # every position, about equally often
+    # no second search that shows the gold: the variant keeps the gold on its first search
+    for seed in range(50):
+        _, gold_first = variant_searches("q", gold, distractors, recipe, random.Random(seed), None)
+        assert gold_first
+    assert variant_searches("q", gold, distractors[:1], recipe, random.Random(0), None) is None  # too few
+
+
+def test_the_answer_mask_marks_exactly_the_answers_tokens(tokenizer):
+    shown = Shown("Who composed Night Ferry?", (("g1", "Night Ferry", "by ANNA CLYNE"),))
+    example = to_example(tokenizer, _item(), [shown], answer="ANNA CLYNE")
+    assert len(example.answer_mask) == len(example.input_ids)
+    marked = [t for t, a in zip(example.input_ids, example.answer_mask, strict=True) if a]
+    assert tokenizer.decode(marked).strip() == "ANNA CLYNE"
+    assert all(m for m, a in zip(example.loss_mask, example.answer_mask, strict=True) if a)  # inside the agent's turn
+
+
+CORPUS = [
+    {"id": "g1", "title": "Night Ferry", "text": "Night Ferry is an orchestral piece by the composer Anna Clyne."},
+    {"id": "d1", "title": "Ferry", "text": "A ferry is a boat that carries passengers across water at night."},
+    {"id": "d2", "title": "Night", "text": "Night is the time between sunset and sunrise."},
+    {"id": "d3", "title": "Orchestra", "text": "An orchestra is a large ensemble; Anna Clyne wrote for one."},
+    {"id": "d4", "title": "Composer", "text": "A composer writes music such as orchestral pieces."},
+    {"id": "d5", "title": "Chicago", "text": "Chicago has a symphony orchestra and many ferries."},
+]
+
+
+def test_reading_examples_with_the_real_retriever(tmp_path, models_root, tokenizer):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in CORPUS))
+    reading = _item(golds=("anna clyne",))
+    no_corpus = PoolItem(id="q2", dataset="triviaqa", position=120, question="Who?", golden_answers=["Nobody"])
+    recipe = ReadingRecipe(passages=3, candidates=6, variants=4, gold_missing=0.5)
+
+    async def run():
+        async with InProcessRetriever(tmp_path / "data", encoder_dir=models_root / "all-MiniLM-L6-v2") as retriever:
+            await retriever.ingest([corpus])
+            return await build_reading_examples(retriever, tokenizer, [reading, no_corpus], recipe, seed=0)
+
+    examples = asyncio.run(run())
+    readings = [e for e in examples if e.id == "q1"]
+    assert [e.variant for e in readings] == [0, 1, 2, 3]
+    assert {e.kind for e in readings} <= {"reading", "reading-second-search"}
+    assert all(e.answer == "Anna Clyne" for e in readings)  # the passage's spelling, not the gold list's
+    for e in readings:
+        text = tokenizer.decode(e.input_ids)
+        assert "Anna Clyne wrote for one" not in text  # d3 holds the answer: never a distractor
+        generated = text.split("<|im_start|>assistant\n", 1)[1].removesuffix("<|im_end|>")
+        assert valid_search_r1_sequence(generated)
+        if e.kind == "reading-second-search":
+            assert e.searches == ["Who composed Night Ferry?", "Night Ferry"]
+    [fallback] = [e for e in examples if e.id == "q2"]  # no passages: the protocol trajectory, answer marked
+    assert fallback.kind == "protocol" and any(fallback.answer_mask)
