@@ -214,22 +214,41 @@ def in_process(
 
 @app.command("plot-loss")
 def plot_loss(
+    adapter: Annotated[str, typer.Option(help="A shipped adapter's name (protocol, reading) or an adapter folder.")] = (
+        "protocol"
+    ),
     out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("docs/warmstart/loss.png"),
 ) -> None:
-    """The shipped adapter's training loss (manifest summary) and its held-out loss, as a PNG."""
+    """An adapter's training loss (manifest summary) and held-out losses against training tokens, as a PNG. A
+    point recorded without its token count is placed at its examples times the run's mean tokens per example."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from services.trainer.warmstart import SHIPPED_ADAPTER_DIR, verify_adapter
+    from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
 
-    training = verify_adapter(SHIPPED_ADAPTER_DIR)["training"]
+    manifest = verify_adapter(SHIPPED_ADAPTERS.get(adapter, Path(adapter)))
+    training = manifest["training"]
+    per_example = training["tokens_seen"] / max(training["examples_seen"], 1)
+
+    def tokens(row: dict) -> float:
+        return row.get("tokens", row["examples"] * per_example) / 1e3
+
     curve, held = training["loss_curve"], training["heldout_loss"]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([c["examples"] for c in curve], [c["loss"] for c in curve], marker=".", label="training (agent tokens)")
-    ax.plot([h["examples"] for h in held], [h["loss"] for h in held], marker="o", label="held-out (24 trajectories)")
-    ax.set(xlabel="examples seen", ylabel="mean NLL per agent token", title="warm-start SFT (shipped adapter)")
+    weighted = manifest["config"].get("template_weight", 1.0) < 1.0
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    label = "training (answer-weighted)" if weighted else "training (agent tokens)"
+    ax.plot([tokens(c) for c in curve], [c["loss"] for c in curve], marker=".", label=label)
+    ax.plot(
+        [tokens(h) for h in held], [h["loss"] for h in held], marker="o", label=f"held-out, {label.split(' ', 1)[1]}"
+    )
+    if all("answer_loss" in h for h in held):
+        ax.plot(
+            [tokens(h) for h in held], [h["answer_loss"] for h in held], marker="s", label="held-out, answer tokens"
+        )
+    ax.set(xlabel="training tokens (thousands)", ylabel="mean NLL per weighted token",
+           title=f"warm-start SFT ({manifest['config'].get('recipe', 'protocol')} recipe)")  # fmt: skip
     ax.legend()
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -225,7 +225,10 @@ def warmstart(
     two_search_repeat: Annotated[
         int, typer.Option(min=1, max=16, help="Times each two-search trajectory is in the training set.")
     ] = 1,
-    out: Annotated[Path | None, typer.Option(help="Adapter folder (default: the shipped one).")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Adapter folder (default: the recipe's shipped one, services/policy/<recipe>_adapter)."),
+    ] = None,
     examples_cache: Annotated[Path | None, typer.Option(help="Reuse / keep the built trajectories here.")] = None,
     device: Annotated[
         str, typer.Option(help="auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N.")
@@ -239,9 +242,10 @@ def warmstart(
 
     from services.common.settings import CommonSettings
     from services.retriever.inprocess import InProcessRetriever
-    from services.trainer.warmstart import SHIPPED_ADAPTER_DIR, ReadingRecipe, WarmstartConfig, run_warmstart
+    from services.trainer.warmstart import SHIPPED_ADAPTERS, ReadingRecipe, WarmstartConfig, run_warmstart
 
     settings = CommonSettings()
+    out = out or SHIPPED_ADAPTERS[recipe.value]
     config = WarmstartConfig(
         **({"datasets": [d.strip() for d in datasets.split(",") if d.strip()]} if datasets else {}),
         recipe=recipe.value, reading=ReadingRecipe(variants=variants, gold_missing=gold_missing),
@@ -250,25 +254,29 @@ def warmstart(
         lr=lr, lora_rank=rank, lora_alpha=2 * rank, max_minutes=max_minutes, seed=seed,
         two_search_repeat=two_search_repeat,
     )  # fmt: skip
-    manifest = run_warmstart(
-        config,
-        qa_dir=qa_dir,
-        open_retriever=lambda: InProcessRetriever(
-            index_dir or settings.data_dir / "warmstart", encoder_dir=settings.retriever_model_dir
-        ),
-        corpus=corpus or [],
-        base_model_dir=settings.base_policy_model_dir,
-        out=out or SHIPPED_ADAPTER_DIR,
-        command="bridge-rl " + shlex.join(sys.argv[1:]),
-        state_dir=state_dir or Path.home() / ".cache" / "bridge-rl" / "warmstart" / f"{recipe.value}-{seed}",
-        resume=resume,
-        examples_cache=examples_cache,
-        device=device,
-    )
+    try:
+        manifest = run_warmstart(
+            config,
+            qa_dir=qa_dir,
+            open_retriever=lambda: InProcessRetriever(
+                index_dir or settings.data_dir / "warmstart", encoder_dir=settings.retriever_model_dir
+            ),
+            corpus=corpus or [],
+            base_model_dir=settings.base_policy_model_dir,
+            out=out,
+            command="bridge-rl " + shlex.join(sys.argv[1:]),
+            state_dir=state_dir or Path.home() / ".cache" / "bridge-rl" / "warmstart" / f"{recipe.value}-{seed}",
+            resume=resume,
+            examples_cache=examples_cache,
+            device=device,
+        )
+    except ValueError as exc:  # a run that exists, or one resumed with other settings: say so, no traceback
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     training = manifest["training"]
     held = training["heldout_loss"]
     typer.echo(
-        f"adapter: {out or SHIPPED_ADAPTER_DIR} ({training['train_examples']} examples, step {training['steps']} of "
+        f"adapter: {out} ({training['train_examples']} examples, step {training['steps']} of "
         f"{training['total_steps']}{'' if training['finished'] else ', unfinished: --resume goes on'}, "
         f"{training['wall_s']:.0f}s, held-out loss {held[0]['loss']:.3f} -> {held[-1]['loss']:.3f})"
     )

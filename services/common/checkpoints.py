@@ -1,16 +1,21 @@
 """Checkpoint folders: safetensors files plus `manifest.json` with the sha256 of every file.
 
-Writers build a folder under a temporary name and `publish_checkpoint` renames it into place, so a reader
-never sees a half-written checkpoint. Readers call `load_manifest`, which refuses paths outside the root,
-non-safetensors payloads and any file whose sha256 differs from the manifest.
+Writers build a folder under a temporary name and `publish_checkpoint` renames it into place (or swaps it with
+the folder it replaces), so a reader never sees a half-written checkpoint, nor none. Readers call
+`load_manifest`, which refuses paths outside the root, non-safetensors payloads and any file whose sha256 differs
+from the manifest. `remove_leftovers` clears what a writer that crashed mid-publish left behind.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import shutil
+import sys
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.common.errors import InvalidRequest, NotFound
 
 MANIFEST = "manifest.json"
+# A staging folder changed this recently may be another process's (the trainer's), being filled now.
+STAGING_STALE_S = 3600.0
 CheckpointKind = Literal["retriever-query", "retriever-full", "policy-lora"]
 
 
@@ -105,27 +112,78 @@ def staging_dir(root: Path, version: str) -> Path:
     return path
 
 
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux's renameat2 RENAME_EXCHANGE): each name always names a complete
+    folder. False where the system cannot (another OS, a libc or file system without it); nothing moved then."""
+    if sys.platform != "linux":
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except AttributeError:  # glibc before 2.28
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    at_fdcwd, rename_exchange = -100, 2  # <fcntl.h>, <linux/fs.h>
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
 def publish_checkpoint(staging: Path, final: Path, *, replace: bool = False, **manifest_fields: Any) -> Manifest:
     """Hash every file in `staging`, write the manifest, fsync, and rename the folder to `final` atomically.
 
-    `replace`: an existing `final` (an earlier attempt's, never published) is moved aside first and removed after."""
+    `replace`: an existing `final` (an earlier attempt's, never published) is swapped with `staging` in one step,
+    then removed; where the system cannot swap, it is moved aside first (a moment with no folder at `final`)."""
     files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file() and p.name != MANIFEST}
     manifest = Manifest(files=files, **manifest_fields)
     (staging / MANIFEST).write_text(manifest.model_dump_json(indent=2))
     for p in staging.iterdir():
         with p.open("rb") as fh:
             os.fsync(fh.fileno())
-    previous = None
-    if final.exists():
-        if not replace:
-            shutil.rmtree(staging)
-            raise InvalidRequest(f"checkpoint {final} already exists", param="version")
-        previous = final.with_name(f".{final.name}.replaced-{uuid.uuid4().hex[:6]}")
-        os.replace(final, previous)
-    os.replace(staging, final)
-    if previous is not None:
-        shutil.rmtree(previous)
+    if not final.exists():
+        os.replace(staging, final)
+        return manifest
+    if not replace:
+        shutil.rmtree(staging)
+        raise InvalidRequest(f"checkpoint {final} already exists", param="version")
+    old = staging  # after the swap, the old folder is at the staging path
+    if not exchange(staging, final):
+        old = final.with_name(f".{final.name}.replaced-{uuid.uuid4().hex[:6]}")
+        os.replace(final, old)
+        os.replace(staging, final)
+    # ignore_errors: another process's `remove_leftovers` may be removing it too; what stays goes at a next start
+    shutil.rmtree(old, ignore_errors=True)
     return manifest
+
+
+def last_change(folder: Path) -> float:
+    """The newest mtime of a folder and the entries in it (a file being written updates only its own)."""
+    return max([folder.stat().st_mtime, *(p.stat().st_mtime for p in folder.iterdir())])
+
+
+def remove_leftovers(root: Path, stale_after_s: float = STAGING_STALE_S) -> list[str]:
+    """What a writer that crashed in `publish_checkpoint` left in `root`: an old folder moved aside by a replace
+    (`.<version>.replaced-*`, never read again), and staging folders (`.tmp-*`) unchanged for `stale_after_s`.
+    Removes them; returns their names."""
+    if not root.is_dir():
+        return []
+    removed = []
+    now = time.time()
+    for path in root.iterdir():
+        name = path.name
+        try:
+            if not path.is_dir() or path.is_symlink():
+                continue
+            replaced = name.startswith(".") and ".replaced-" in name
+            if not replaced and not (name.startswith(".tmp-") and now - last_change(path) > stale_after_s):
+                continue
+        except FileNotFoundError:  # its writer published or removed it meanwhile
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(name)
+    return removed
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

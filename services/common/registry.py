@@ -11,7 +11,8 @@
 - **rollback**: activate `previous`; a 409 when there is none.
 - **drain**: a request leases the version it starts on and finishes on it; activation only changes what new
   requests get. Weights that are neither active, previous, pending nor leased are unloaded once their last
-  request finishes.
+  request finishes, except the `keep_pinned` versions requests pinned most recently (so a client that pins one
+  version does not load and sha-check it on every request).
 
 The table (`VersionTable`) is one JSON file replaced atomically. No torch here.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
-from services.common.checkpoints import Manifest, load_manifest, write_json_atomic
+from services.common.checkpoints import Manifest, load_manifest, remove_leftovers, write_json_atomic
 from services.common.errors import Conflict, InvalidRequest, NotFound
 from services.common.schemas.checkpoints import ActivationResponse, CheckpointInfo, CheckpointList, CheckpointState
 
@@ -135,8 +136,16 @@ class CheckpointRegistry(Generic[W]):
     """Register / activate / rollback / lease-and-drain, over one `VersionTable` file and a `WeightsLoader`."""
 
     def __init__(
-        self, loader: WeightsLoader[W], table_type: type[VersionTable], state_path: Path, checkpoint_root: Path
+        self,
+        loader: WeightsLoader[W],
+        table_type: type[VersionTable],
+        state_path: Path,
+        checkpoint_root: Path,
+        *,
+        keep_pinned: int = 0,
     ) -> None:
+        """`keep_pinned`: how many versions that requests pin (not the active one) stay loaded after their
+        request, the least recently pinned dropped first; 0: each is unloaded when its last request finishes."""
         self.loader = loader
         self.state_path = state_path
         self.checkpoint_root = checkpoint_root
@@ -145,12 +154,17 @@ class CheckpointRegistry(Generic[W]):
         self._loaded: dict[str, W] = {}
         self._in_flight: Counter[str] = Counter()
         self._kept: set[str] = set()  # registered since the last activation (when the loader keeps them)
+        self.keep_pinned = keep_pinned
+        self._pinned: OrderedDict[str, None] = OrderedDict()  # recently pinned versions, least recent first
         self._lock = asyncio.Lock()  # one checkpoint change at a time
         self._preparation: asyncio.Task | None = None
 
     # ---------------------------------------------------------------- lifecycle
     async def restore(self, *, previous: bool) -> None:
-        """At start: load the active version (and the previous one, for an instant rollback) and serve it."""
+        """At start: clear what an interrupted publish left in the checkpoint root, load the active version (and the
+        previous one, for an instant rollback) and serve it."""
+        if removed := await asyncio.to_thread(remove_leftovers, self.checkpoint_root):
+            log.warning("removed what interrupted checkpoint writes left in %s: %s", self.checkpoint_root, removed)
         async with self._lock:
             for version in {self.table.active, self.table.previous if previous else None} - {None}:
                 await self.load(version)
@@ -183,6 +197,7 @@ class CheckpointRegistry(Generic[W]):
     async def lease(self, version: str | None = None) -> AsyncIterator[str]:
         """Pin the active version (or `version`, from a request's `model`: any registered one, loaded for the request
         if it is not) until the request finishes."""
+        pinned = version is not None
         if version is not None:
             self.check_registered(version)
         version = version or self.table.active
@@ -191,6 +206,8 @@ class CheckpointRegistry(Generic[W]):
             if version not in self._loaded:
                 async with self._lock:
                     await self.load(version)
+            if pinned:
+                self._remember_pinned(version)
             yield version
         finally:
             self._in_flight[version] -= 1
@@ -210,8 +227,19 @@ class CheckpointRegistry(Generic[W]):
         self._loaded[version] = weights
         return weights
 
+    def _remember_pinned(self, version: str) -> None:
+        """Keep a loaded pinned version for the next request that pins it, at most `keep_pinned` of them: the least
+        recently pinned one goes (`_drain` unloads it once no request uses it)."""
+        if self.keep_pinned <= 0 or version == self.table.active:  # the active version stays loaded anyway
+            return
+        self._pinned[version] = None
+        self._pinned.move_to_end(version)
+        while len(self._pinned) > self.keep_pinned:
+            self._pinned.popitem(last=False)
+
     async def _drain(self) -> None:
-        keep = {self.table.active, self.table.previous, self.pending, *self._kept, *self.loader.always_loaded}
+        keep = {self.table.active, self.table.previous, self.pending, *self._kept, *self._pinned,
+                *self.loader.always_loaded}  # fmt: skip
         for version in list(self._loaded):
             if version not in keep and self._in_flight[version] == 0:
                 await self.loader.unload(version, self._loaded.pop(version))

@@ -74,6 +74,7 @@ class RetrieverService:
             RegistryState,
             settings.state_dir / "registry.json",
             settings.checkpoint_root,
+            keep_pinned=settings.pinned_versions,
         )
         self._search_pool = ThreadPoolExecutor(1, thread_name_prefix="search")
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="write")

@@ -28,6 +28,13 @@ class RetrieverSettings(CommonSettings):
         description="Serving precision. auto: bf16 where the CPU has native bf16 (~2x faster than fp32 there), "
         "else fp32 (emulated bf16 is ~85x slower on an AVX2-only CPU; services/common/hardware.py).",
     )
+    pinned_versions: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="Versions that requests pin (`version`, not the active one) kept loaded after their request, the "
+        "least recently pinned dropped first; 0: loaded and sha-checked again for every request.",
+    )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Larger request bodies get a 413.")
     batch_wait_ms: float = Field(
         1.0,

@@ -4,13 +4,16 @@ replaced atomically, so any worker can pick a run up where the last one left it.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.checkpoints import write_json_atomic
-from services.trainer.algo.config import AlgoConfig
+from services.trainer.algo.config import PAPER_GAMMA, AlgoConfig
+
+log = logging.getLogger(__name__)
 
 
 class RunConfig(BaseModel):
@@ -83,10 +86,37 @@ class RunState(BaseModel):
 
     @classmethod
     def load(cls, runs_dir: Path, run_id: str) -> RunState:
-        return cls.model_validate_json(cls.path(runs_dir, run_id).read_text())
+        data = json.loads(cls.path(runs_dir, run_id).read_text())
+        migrate_gamma(data)
+        return cls.model_validate(data)
 
     def save(self, runs_dir: Path) -> None:
         write_json_atomic(self.path(runs_dir, self.config.run_id), self.model_dump(mode="json"))
+
+
+def migrate_gamma(data: dict[str, Any]) -> None:
+    """A state saved before the bridge and drop estimators required a fixed gamma (`AlgoConfig._checks`) has gamma
+    null, lambda on its schedule: refused as it is, the run could neither resume nor be marked failed. It goes on
+    at the paper's gamma, lambda held there as a new run's is. Only here: a new config asking for it is refused."""
+    config = data.get("config") if isinstance(data, dict) else None
+    algo = config.get("algo") if isinstance(config, dict) else None
+    defaults = AlgoConfig.model_fields
+    if (
+        not isinstance(algo, dict)  # not a state file at all: validation says what is wrong
+        or "gamma" not in algo
+        or algo["gamma"] is not None
+        or algo.get("algo", defaults["algo"].default) != "bridge"
+        or algo.get("estimator", defaults["estimator"].default) == "two-state"
+    ):
+        return
+    log.warning(
+        "run %s: saved with gamma null and estimator %r, which is measured only at a fixed gamma; it continues at "
+        "the paper's fixed gamma %g (lambda was %g)",
+        config.get("run_id"), algo.get("estimator", defaults["estimator"].default), PAPER_GAMMA,
+        data.get("lam"),
+    )  # fmt: skip
+    algo["gamma"] = PAPER_GAMMA
+    data["lam"] = PAPER_GAMMA
 
 
 def append_metrics(runs_dir: Path, run_id: str, row: dict) -> None:

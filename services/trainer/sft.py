@@ -201,7 +201,9 @@ def train(
         raise ValueError(f"{state_dir}: the checkpoint planned {state.total_steps} steps, this config {total}")
     weight = config.template_weight
     if heldout and not state.heldout:
-        state.heldout.append({"step": 0, "examples": 0, **heldout_losses(model, heldout, weight, placement)})
+        state.heldout.append(
+            {"step": 0, "examples": 0, "tokens": 0, **heldout_losses(model, heldout, weight, placement)}
+        )
     first_step, started, last_save = state.step, time.monotonic(), time.monotonic()
     wall_before = state.wall_s
     state.sessions.append({"from": first_step, "to": first_step, "s": 0.0})
@@ -230,7 +232,10 @@ def train(
                 state.step += 1
                 state.examples_seen += len(batch)
                 state.tokens_seen += sum(len(e.input_ids) for e in batch)
-                state.curve.append({"step": state.step, "examples": state.examples_seen, "loss": step_loss / norm})
+                state.curve.append(
+                    {"step": state.step, "examples": state.examples_seen, "tokens": state.tokens_seen,
+                     "loss": step_loss / norm}
+                )  # fmt: skip
                 elapsed = time.monotonic() - started
                 bar.set_postfix(
                     loss=f"{state.curve[-1]['loss']:.3f}", s_step=f"{elapsed / (state.step - first_step):.1f}"
@@ -240,7 +245,9 @@ def train(
                 last = state.step == total
                 if heldout and (state.step % config.eval_every == 0 or last or out_of_time):
                     held = heldout_losses(model, heldout, weight, placement)
-                    state.heldout.append({"step": state.step, "examples": state.examples_seen, **held})
+                    state.heldout.append(
+                        {"step": state.step, "examples": state.examples_seen, "tokens": state.tokens_seen, **held}
+                    )
                     bar.write(f"step {state.step}: held-out loss {held['loss']:.4f}, answer {held['answer_loss']:.4f}")
                 if last or out_of_time or time.monotonic() - last_save > save_every_s:
                     checkpoint()

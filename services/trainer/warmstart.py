@@ -384,13 +384,10 @@ def curve_summary(curve: Sequence[dict[str, float]], points: int = 20) -> list[d
     out = []
     for start in range(0, len(curve), size):
         window = curve[start : start + size]
-        out.append(
-            {
-                "step": window[-1]["step"],
-                "examples": window[-1]["examples"],
-                "loss": sum(w["loss"] for w in window) / len(window),
-            }
-        )
+        row = {"step": window[-1]["step"], "examples": window[-1]["examples"]}
+        if "tokens" in window[-1]:
+            row["tokens"] = window[-1]["tokens"]
+        out.append({**row, "loss": sum(w["loss"] for w in window) / len(window)})
     return out
 
 
@@ -533,6 +530,8 @@ def run_warmstart(
     from services.trainer.device import Placement
     from services.trainer.sft import checkpoint_folder, train, write_state_files
 
+    if checkpoint_folder(state_dir) is not None and not resume:
+        raise ValueError(f"{state_dir} holds a run: pass --resume to go on with it, or another --state-dir")
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
@@ -540,8 +539,6 @@ def run_warmstart(
     pools = {d: training_pool(qa_dir, d) for d in config.datasets}
     items = select_items(pools, config)  # training-pool questions only: the split is enforced by the draw
     stored = state_dir / "examples.jsonl"
-    if checkpoint_folder(state_dir) is not None and not resume:
-        raise ValueError(f"{state_dir} holds a run: pass --resume to go on with it, or another --state-dir")
     if resume and stored.exists():
         resumable_config(state_dir, config)
         examples = cached_examples(stored, pools, items)

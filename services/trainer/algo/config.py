@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Algo = Literal["search-r1", "retriever-only", "alt-rp", "alt-pr", "joint", "bridge"]
 Estimator = Literal["bridge", "two-state", "drop"]
 FRESH_ALGOS = ("bridge", "alt-rp")
+PAPER_GAMMA = 0.02  # the fixed penalty the paper measured its estimators at
 
 
 class AlgoConfig(BaseModel):
@@ -78,7 +79,7 @@ class AlgoConfig(BaseModel):
     )
     # coupling
     gamma: float | None = Field(
-        0.02,
+        PAPER_GAMMA,
         gt=0,
         description="The paper's fixed penalty (0.02, the regime where its estimators were measured): phi minimises "
         "f + gamma g (our f / lambda + g), the correction has weight gamma; lambda = gamma every round. null: "

@@ -1,7 +1,10 @@
 import json
+import shutil
+import sys
 
 import pytest
 
+from services.common import checkpoints
 from services.common.checkpoints import load_manifest, publish_checkpoint, resolve_under_root, staging_dir
 from services.common.errors import InvalidRequest, NotFound
 
@@ -72,3 +75,45 @@ def test_staging_folders_and_unusable_paths_are_refused_with_400(tmp_path):
     for path in ("0" * 4096, "a\x00b", "/".join(["x" * 255] * 20)):
         with pytest.raises(InvalidRequest, match="not usable"):
             load_manifest(tmp_path, path)
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["swapped", "moved-aside"])
+def test_replace_leaves_the_new_folder_and_nothing_else(tmp_path, monkeypatch, swap):
+    if not swap:  # a system without renameat2's exchange
+        monkeypatch.setattr(checkpoints, "exchange", lambda a, b: False)
+    make(tmp_path, "v1", {"weights.safetensors": b"old"})
+    manifest = make_replacing(tmp_path, "v1", b"new")
+    _, loaded = load_manifest(tmp_path, "v1")
+    assert loaded == manifest and (tmp_path / "v1" / "weights.safetensors").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1"]  # no staging, no `.v1.replaced-*`
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="an atomic swap of two folders is renameat2's (Linux)")
+def test_a_reader_finds_a_complete_folder_at_every_step_of_a_replace(tmp_path, monkeypatch):
+    """Moving the old folder aside and then the new one in left a moment with no folder at the final path."""
+    make(tmp_path, "v1", {"weights.safetensors": b"old"})
+    seen: list[bytes] = []
+
+    def look() -> None:  # what a registry loading v1 right now would find
+        folder, _ = load_manifest(tmp_path, "v1")
+        seen.append((folder / "weights.safetensors").read_bytes())
+
+    def watched(real):
+        def call(*args, **kwargs):
+            look()
+            result = real(*args, **kwargs)
+            look()
+            return result
+
+        return call
+
+    monkeypatch.setattr(checkpoints.os, "replace", watched(checkpoints.os.replace))
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", watched(shutil.rmtree))
+    make_replacing(tmp_path, "v1", b"new")
+    assert seen and seen[-1] == b"new" and set(seen) <= {b"old", b"new"}
+
+
+def make_replacing(root, version, data):
+    staging = staging_dir(root, version)
+    (staging / "weights.safetensors").write_bytes(data)
+    return publish_checkpoint(staging, root / version, replace=True, kind="retriever-query", version=version)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from services.common.checkpoints import Manifest, publish_checkpoint, staging_dir
+from services.common import registry as registry_module
+from services.common.checkpoints import Manifest, load_manifest, publish_checkpoint, staging_dir
 from services.common.errors import Conflict, InvalidRequest, NotFound
 from services.common.registry import CheckpointEntry, CheckpointRegistry, VersionTable, WeightsLoader
 
@@ -84,3 +87,68 @@ def test_rollback_without_previous_and_a_failed_version_are_conflicts(tmp_path):
         assert "Boom: no" in info.value.message
 
     asyncio.run(scenario())
+
+
+def test_pinned_versions_stay_loaded_up_to_the_bound_least_recently_used_dropped_first(tmp_path, monkeypatch):
+    """A request pinned to a version that is not active loaded, sha-checked and unloaded it every time."""
+    verified: list[str] = []
+
+    def counting(root, path):
+        verified.append(str(path))
+        return load_manifest(root, path)
+
+    monkeypatch.setattr(registry_module, "load_manifest", counting)
+
+    async def scenario() -> None:
+        loader = RecordingLoader()
+        registry = CheckpointRegistry(loader, VersionTable, tmp_path / "registry.json", tmp_path, keep_pinned=2)
+        await registry.restore(previous=True)
+        for version in ("v1", "v2", "v3"):
+            await registry.register(checkpoint(tmp_path, version))
+        loader.events.clear()
+        verified.clear()
+
+        async def request(version: str) -> None:
+            async with registry.lease(version):
+                pass
+            assert len(set(registry._loaded) - {registry.active}) <= 2  # never more pinned than the bound
+
+        await request("v1")
+        await request("v1")
+        assert loader.events == ["load v1"] and len(verified) == 1  # the second request found it loaded
+        await request("v2")
+        await request("v1")  # v1 is now the most recently used, v2 the least
+        await request("v3")
+        assert loader.events == ["load v1", "load v2", "load v3", "unload v2"]
+        assert set(registry._loaded) == {"base", "v1", "v3"}
+        await request("v2")
+        assert loader.events[-2:] == ["load v2", "unload v1"]
+
+        plain = CheckpointRegistry(RecordingLoader(), VersionTable, tmp_path / "registry.json", tmp_path)
+        await plain.restore(previous=False)  # no bound (the default): a pinned version goes with its request
+        for _ in range(2):
+            async with plain.lease("v2"):
+                pass
+        assert plain.loader.events == ["load base", "load v2", "unload v2", "load v2", "unload v2"]
+
+    asyncio.run(scenario())
+
+
+def test_leftovers_of_an_interrupted_replace_are_removed_at_start(tmp_path):
+    """A crash in the middle of `publish_checkpoint(replace=True)` left the old folder moved aside, or a staging
+    folder; a staging folder written to lately may be a trainer's, being filled now, and stays."""
+    checkpoint(tmp_path, "v1")
+    for name in (".v1.replaced-0a1b2c", ".tmp-v2-0badc0de", ".tmp-v3-12345678"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.safetensors").write_bytes(b"x")
+    hours_ago = time.time() - 2 * 3600
+    for path in (tmp_path / ".tmp-v2-0badc0de", tmp_path / ".tmp-v2-0badc0de" / "weights.safetensors"):
+        os.utime(path, (hours_ago, hours_ago))
+
+    async def scenario() -> None:
+        registry = CheckpointRegistry(RecordingLoader(), VersionTable, tmp_path / "registry.json", tmp_path)
+        await registry.restore(previous=False)
+        await registry.register("v1")
+
+    asyncio.run(scenario())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [".tmp-v3-12345678", "v1"]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+from services.retriever.backends.index import EdgeIndex
 from services.retriever.registry import RegistryState, RetrieverCheckpoint
+from services.retriever.service import RetrieverService
+from services.retriever.settings import RetrieverSettings
 
 
 def test_a_fresh_registry_has_a_ready_base(tmp_path):
@@ -43,3 +46,16 @@ def test_a_registry_from_before_states_derives_them_from_the_built_collections(t
         "base": "ready", "full-1": "ready", "q-1": "ready", "full-2": "pending",
     }  # fmt: skip
     assert [c.version for c in state.same_doc_tower("q-1")] == ["full-1", "q-1"]
+
+
+def test_the_service_keeps_as_many_pinned_versions_as_its_settings_say(tmp_path):
+    encoder = tmp_path / "encoder"
+    encoder.mkdir()
+    (encoder / "config.json").write_text("{}")  # constructing the service loads nothing; `start` would
+    index = EdgeIndex(tmp_path / "edge")
+    try:
+        assert RetrieverSettings(data_dir=tmp_path).pinned_versions == 2
+        settings = RetrieverSettings(data_dir=tmp_path, encoder_dir=str(encoder), pinned_versions=3)
+        assert RetrieverService(settings, index).checkpoints.keep_pinned == 3
+    finally:
+        index.close()

@@ -1,0 +1,31 @@
+"""`bridge-rl warmstart` and `bridge-rl prepare --adapter`: a run that exists is never overwritten without
+--resume, and an adapter name that does not exist is a one-line error. Nothing trains here."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from services.cli.main import app
+
+
+def test_an_existing_run_is_resumed_or_refused_never_restarted(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_DATA_DIR", str(tmp_path / "data"))
+    state = tmp_path / "state"
+    (state / "checkpoint").mkdir(parents=True)
+    (state / "checkpoint" / "state.json").write_text("{}")
+    result = CliRunner().invoke(app, ["warmstart", "--qa-dir", str(tmp_path), "--state-dir", str(state)])
+    assert result.exit_code == 2, result.output
+    assert "holds a run: pass --resume" in result.output and "Traceback" not in result.output
+
+
+def test_warmstart_help_names_resume_and_the_recipe():
+    result = CliRunner().invoke(app, ["warmstart", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for option in ("--resume", "--recipe", "--template-weight", "--gold-missing", "--hold-out", "--state-dir"):
+        assert option in result.output
+
+
+def test_prepare_refuses_an_unknown_adapter(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_DATA_DIR", str(tmp_path))
+    result = CliRunner().invoke(app, ["prepare", "--adapter", "nope"])
+    assert result.exit_code == 2 and "shipped adapters are protocol, reading" in result.output
