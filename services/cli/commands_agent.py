@@ -111,6 +111,15 @@ def evaluate(
     qa_dir: Annotated[
         Path | None, typer.Option(help="Question files <dataset>.jsonl (default BRIDGE_TRAINER_QA_DIR).")
     ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Your own questions instead of --qa-dir: a Search-R1/verl .parquet, a FlashRAG .jsonl (question, "
+            "golden_answers), or a folder of them; --dataset picks among the datasets they hold (all by default), "
+            "--limit takes the first N of each. Never one of our <dataset>_train.jsonl files. Bad rows are "
+            "skipped, each named with its row number.",
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Output folder (default <BRIDGE_DATA_DIR>/eval/<time>).")] = None,
     concurrency: Annotated[int, typer.Option(min=1, max=256, help="Questions in flight.")] = 16,
     max_turns: Annotated[int, typer.Option(min=0, max=8, help="Agent: searches before the final answer.")] = 4,
@@ -140,25 +149,41 @@ def evaluate(
 
     from services.common.clients.policy import PolicyClient
     from services.common.clients.retriever import RetrieverClient
-    from services.eval.datasets import load_items, resolve
+    from services.eval.data_files import DataFileError
+    from services.eval.datasets import items_from_rows, load_items, resolve
     from services.eval.pinning import pinned
     from services.eval.report import read_results, write_report
     from services.eval.runner import MODES
     from services.eval.runner import evaluate as run_eval
-    from services.eval.split import SplitViolation, refuse_trained_questions
+    from services.eval.split import SplitViolation, evaluation_data, refuse_trained_questions
     from services.trainer.settings import TrainerSettings
     from services.trainer.warmstart import load_shipped_manifest
 
     settings = TrainerSettings()
     qa = qa_dir or settings.qa_dir
-    try:
-        datasets = resolve(qa, dataset)
-    except FileNotFoundError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
-    if not datasets:
-        raise typer.BadParameter(f"no question files for {dataset!r} in {qa}", param_hint="--dataset")
+    if data is not None:
+        try:
+            rows = evaluation_data(data, qa)
+        except DataFileError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--data") from exc
+        for line in rows.report():
+            typer.echo(line)
+        try:
+            items = items_from_rows(rows.rows, dataset, limit)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
+        datasets = list(items)
+        if not datasets:
+            raise typer.BadParameter(f"no questions of {dataset!r} in {data}", param_hint="--dataset")
+    else:
+        try:
+            datasets = resolve(qa, dataset)
+        except FileNotFoundError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
+        if not datasets:
+            raise typer.BadParameter(f"no question files for {dataset!r} in {qa}", param_hint="--dataset")
+        items = {d: load_items(qa, d, limit) for d in datasets}
     modes = [m.value for m in mode] if mode else list(MODES)
-    items = {d: load_items(qa, d, limit) for d in datasets}
     oracle_items = {d: [i for i in items[d] if i.supporting_doc_ids] for d in datasets}
     if "oracle" in modes:  # only a question's supporting passages can be shown: the others are not asked
         no_passages = [d for d in datasets if not oracle_items[d]]
@@ -184,7 +209,7 @@ def evaluate(
     finished = {(r.dataset, r.mode, r.id) for r in done}
     work = [(item, m) for item, m in work if (item.dataset, m, item.id) not in finished]
     meta = {"datasets": datasets, "modes": modes, "limit": limit, "max_turns": max_turns, "top_k": top_k,
-            "qa_dir": str(qa)}  # fmt: skip
+            "qa_dir": str(qa), **({"data": str(data.resolve())} if data is not None else {})}  # fmt: skip
     sizes = ", ".join(f"{d} {len(items[d])}" for d in datasets)
     typer.echo(f"{len(work)} to ask, {len(done)} already done ({sizes}) x {modes} -> {out}")
     token = admin_token(token) if (policy or retriever) else None  # pinning a version is an admin call

@@ -81,6 +81,16 @@ def train(
         typer.Option(help="Rollout reward: em (the paper's), f1, or em-format (Search-R1's format-aware EM)."),
     ] = None,
     dataset: Annotated[str | None, typer.Option(help="Questions: <BRIDGE_TRAINER_QA_DIR>/<dataset>.jsonl.")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Your own questions instead of --dataset: a Search-R1/verl .parquet, a FlashRAG .jsonl "
+            "(question, golden_answers), or a folder of them. Every row is a training row, except in our own "
+            "<dataset>.jsonl files (in BRIDGE_TRAINER_QA_DIR, or named for a benchmark: nq.jsonl, hotpotqa.jsonl, "
+            "...), whose first 100 rows, the evaluation split, are never trained on. Bad rows are skipped, each "
+            "named with its row number.",
+        ),
+    ] = None,
     rounds: Annotated[int | None, typer.Option(min=1, help="Rounds.")] = None,
     questions_per_round: Annotated[int | None, typer.Option(min=1, max=64, help="Questions per round.")] = None,
     group_size: Annotated[int | None, typer.Option(min=2, max=16, help="Rollouts per question (G).")] = None,
@@ -110,6 +120,15 @@ def train(
     live_batch: Annotated[int | None, typer.Option(min=1, help="Live: rewarded trajectories per round.")] = None,
     max_staleness: Annotated[int | None, typer.Option(min=0, help="Live: max policy versions behind.")] = None,
     run_id: Annotated[str | None, typer.Option(help="Name of the run (default: generated).")] = None,
+    report_to: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Experiment trackers every round's metrics also go to (TRL's report_to), repeatable or "
+            "comma-separated: tensorboard (the default), wandb, mlflow; none for none. Files go under the run's "
+            "folder: <run>/tensorboard, <run>/wandb (offline unless WANDB_MODE is set), <run>/mlruns (unless "
+            "MLFLOW_TRACKING_URI is set).",
+        ),
+    ] = None,
     resume: Annotated[
         bool, typer.Option(help="Re-enqueue an existing --run-id from its last published round.")
     ] = False,
@@ -124,24 +143,34 @@ def train(
     from pydantic import ValidationError
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from services.eval.data_files import DataFileError
+    from services.eval.split import training_data
     from services.trainer.config_file import load_run_config, parse_override, to_toml
     from services.trainer.round_files import start_run
     from services.trainer.run_state import RunState, read_metrics
     from services.trainer.settings import TrainerSettings
     from services.trainer.submit import enqueue, follow
+    from services.trainer.trackers import TRACKER_NAMES, tracker_names
 
+    trackers = None if report_to is None else tracker_names(report_to)
+    if unknown := [name for name in trackers or [] if name not in TRACKER_NAMES]:
+        raise typer.BadParameter(f"{', '.join(unknown)}: not one of {', '.join(TRACKER_NAMES)}, none",
+                                 param_hint="--report-to")  # fmt: skip
     flags = {
         "algo.algo": algo, "algo.estimator": estimator, "algo.retriever_params": retriever_params,
-        "algo.gamma": gamma, "dataset": dataset, "rounds": rounds, "questions_per_round": questions_per_round,
-        "algo.group_size": group_size, "algo.seed": seed, "max_turns": max_turns, "algo.q_prior": q_prior,
+        "algo.gamma": gamma, "dataset": dataset, "data": data, "rounds": rounds,
+        "questions_per_round": questions_per_round, "algo.group_size": group_size, "algo.seed": seed,
+        "max_turns": max_turns, "algo.q_prior": q_prior,
         "algo.policy_rollouts": policy_rollouts, "source": source, "live_batch": live_batch,
-        "max_staleness": max_staleness, "run_id": run_id, "reward": reward,
+        "max_staleness": max_staleness, "run_id": run_id, "reward": reward, "report_to": trackers,
     }  # fmt: skip
     overrides = [(k.split("."), v.value if isinstance(v, StrEnum) else v) for k, v in flags.items() if v is not None]
     try:
         run_config = load_run_config(config, [*overrides, *(parse_override(text) for text in set_ or [])])
     except (ValidationError, ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config/--set") from exc
+    if run_config.data is not None:  # the saved config names the file, from wherever the command ran
+        run_config = run_config.model_copy(update={"data": run_config.data.expanduser().resolve()})
     if print_config:
         typer.echo(to_toml(run_config), nl=False)
         return
@@ -150,15 +179,27 @@ def train(
         if not run_config.run_id:
             raise typer.BadParameter("--resume needs --run-id")
         state = RunState.load(settings.runs_dir, run_config.run_id)
+        _check_trackers(state.config.report_to)
         state.status = "running"
         state.save(settings.runs_dir)
     else:
         if not run_config.run_id:
             run_config = run_config.model_copy(update={"run_id": f"{run_config.algo.algo}-{uuid.uuid4().hex[:6]}"})
-        state = start_run(settings, run_config)
+        _check_trackers(run_config.report_to)  # before the data is read (start_run checks again, for its callers)
+        rows = None
+        if run_config.data is not None and run_config.source != "live":
+            try:
+                rows = training_data(run_config.data, settings.qa_dir)
+            except DataFileError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--data") from exc
+            for line in rows.report():
+                typer.echo(line)
+        state = start_run(settings, run_config, rows)
     run_id = state.config.run_id
     enqueue(settings, run_id, state.next_round)
     typer.echo(f"run {run_id}: {settings.runs_dir / run_id}")
+    if "tensorboard" in state.config.report_to:
+        typer.echo(f"metrics: tensorboard --logdir {settings.runs_dir / run_id / 'tensorboard'}")
     if not wait:
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
@@ -174,6 +215,17 @@ def train(
     if state.status == "failed":
         typer.echo(f"run failed: {state.error}", err=True)
         raise typer.Exit(1)
+
+
+def _check_trackers(names: list[str]) -> None:
+    """A tracker the run names and this install lacks: one line, exit 2, before the run starts."""
+    from services.trainer.trackers import TrackerUnavailable, check_trackers
+
+    try:
+        check_trackers(names)
+    except TrackerUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 @app.command()

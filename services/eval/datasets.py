@@ -96,3 +96,23 @@ def load_items(qa_dir: Path, dataset: str, limit: int | None) -> list[EvalItem]:
             if limit is not None and len(items) >= limit:
                 break
     return items
+
+
+def items_from_rows(rows: list[dict], spec: str, limit: int | None) -> dict[str, list[EvalItem]]:
+    """`load_items` for rows read from a data path (services/eval/data_files.py): per dataset they hold (`spec`:
+    `all`, a group or comma-separated names, as `resolve`), its first `limit` rows in file order."""
+    by_dataset: dict[str, list[dict]] = {}
+    for row in rows:
+        by_dataset.setdefault(row["dataset"], []).append(row)
+    known = [d for members in GROUPS.values() for d in members if d in by_dataset]
+    present = known + sorted(set(by_dataset) - set(known))
+    if spec == "all":
+        names = present
+    elif spec in GROUPS:
+        names = [d for d in GROUPS[spec] if d in by_dataset]
+    else:
+        names = [s.strip() for s in spec.split(",") if s.strip()]
+        missing = [d for d in names if d not in by_dataset]
+        if missing:
+            raise ValueError(f"no questions of {', '.join(missing)} in the data (it holds {', '.join(present)})")
+    return {d: [EvalItem.model_validate(row_fields(r, d)) for r in by_dataset[d][:limit]] for d in names}

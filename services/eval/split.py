@@ -3,7 +3,9 @@
 In a benchmark file `<dataset>.jsonl` (or `<dataset>_questions.jsonl`) the first `EVAL_SPLIT` questions are the
 evaluation split (docs/results.md); the rest of the file is the training pool. A `<dataset>_train.jsonl` file
 holds training-pool questions only (what ships in services/demo_data, drawn from the pool). Every trainer reads
-questions through `training_rows`, so no run can sample an evaluation question.
+questions through `training_rows`, or, given a data path of its own (`bridge-rl train --data`), through
+`training_data`, which keeps the same rule for our files wherever they are read from; so no run can sample an
+evaluation question.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from services.eval.datasets import question_file
+from services.eval.data_files import DataRows, read_data
+from services.eval.datasets import GROUP_OF, question_file
 
 EVAL_SPLIT = 100
 
@@ -45,6 +48,31 @@ def training_rows(qa_dir: Path, dataset: str) -> list[tuple[int, dict]]:
             f"{path} has {len(rows)} questions, all in the evaluation split (the first {start}): nothing to train on"
         )
     return list(enumerate(rows))[start:]
+
+
+def own_file(path: Path, qa_dir: Path) -> Literal["benchmark", "train"] | None:
+    """Whether a file is one of our question files, whose split holds wherever it is read from: a .jsonl file in
+    the QA folder, or one named for a known benchmark anywhere (../shared/data/qa/nq.jsonl). "benchmark": a
+    `<dataset>.jsonl` (or any other name), its first EVAL_SPLIT rows the evaluation split; "train": a
+    `<dataset>_train.jsonl`, training-pool questions only. None: a user's own file (every row is theirs to use)."""
+    if path.suffix != ".jsonl":
+        return None
+    kind: Literal["benchmark", "train"] = "train" if path.name.endswith("_train.jsonl") else "benchmark"
+    dataset = path.name.removesuffix(".jsonl").removesuffix("_train").removesuffix("_questions")
+    return kind if dataset in GROUP_OF or path.resolve().parent == qa_dir.resolve() else None
+
+
+def training_data(path: Path, qa_dir: Path) -> DataRows:
+    """Training questions from a data path (`bridge-rl train --data`): every row of a user's own files, and of
+    our benchmark files (`own_file`) only the training pool, after their evaluation split."""
+    return read_data(path, lambda file: EVAL_SPLIT if own_file(file, qa_dir) == "benchmark" else 0)
+
+
+def evaluation_data(path: Path, qa_dir: Path) -> DataRows:
+    """Evaluation questions from a data path (`bridge-rl eval --data`): every row, never one of our
+    training-only `<dataset>_train.jsonl` files."""
+    training_only = "a training-only file: evaluation never reads one"
+    return read_data(path, lambda file: training_only if own_file(file, qa_dir) == "train" else 0)
 
 
 def trained_ids(manifest: dict[str, Any]) -> dict[str, set[str]]:

@@ -22,7 +22,14 @@ from services.trainer.rollout import (
     take_from_stream,
     take_live,
 )
-from services.trainer.round_files import PUBLISHED_RETRIEVER, redis_client, rollouts_file, round_dir, source_stream
+from services.trainer.round_files import (
+    PUBLISHED_RETRIEVER,
+    redis_client,
+    rollouts_file,
+    round_dir,
+    run_questions,
+    source_stream,
+)
 from services.trainer.run_state import RunState
 from services.trainer.settings import TrainerSettings
 
@@ -51,7 +58,7 @@ def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
         items = json.loads((folder / "items.json").read_text())
         versions = (versions[0], json.loads((folder / PUBLISHED_RETRIEVER).read_text())["version"])
     else:
-        items = round_items(config, settings.training_questions(config.dataset), round_index)
+        items = round_items(config, run_questions(settings, config), round_index)
         write_json_atomic(folder / "items.json", items)
     r = redis_client(settings)
     tag = rollout_tag(run_id, round_index, name)

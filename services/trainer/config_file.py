@@ -46,7 +46,7 @@ def load_run_config(path: Path | None = None, overrides: Iterable[tuple[list[str
 
 
 def _toml_value(value: Any) -> str:
-    return json.dumps(value)  # JSON strings, numbers, booleans and arrays are valid TOML
+    return json.dumps(value, default=str)  # JSON strings, numbers, booleans and arrays are valid TOML; paths as strings
 
 
 def _table(model: BaseModel, lines: list[str]) -> list[tuple[str, BaseModel]]:

@@ -25,6 +25,7 @@ from services.trainer.round_files import (
 )
 from services.trainer.run_state import Published, RunState, append_metrics
 from services.trainer.settings import TrainerSettings
+from services.trainer.trackers import log_round
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +76,17 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
     fresh = {f"fresh/{k}": v for k, v in trained.get("fresh_metrics", {}).items()}
     requested_at = {name: json.loads(path.read_text())["requested_at"]
                     for name in ("first", "fresh") if (path := folder / f"requested-{name}.json").exists()}  # fmt: skip
-    append_metrics(settings.runs_dir, run_id, {
+    row = {
         "round": round_index, **trained["rollout_metrics"], **stats, **fresh,
         "retriever_version": trained["retriever"], "policy_version": trained["policy"],
         "activated_at": activated_at, "requested_at": requested_at, "time/train_s": trained["time/train_s"],
-        "memory/peak_mb": trained["memory/peak_mb"], "policy_rollouts": trained["policy_rollouts"],
+        "memory/peak_mb": trained["memory/peak_mb"],
+        **({"memory/gpu_peak_mb": trained["memory/gpu_peak_mb"]} if "memory/gpu_peak_mb" in trained else {}),
+        "policy_rollouts": trained["policy_rollouts"],
         "policy_step/rollouts": trained["policy_step/rollouts"],
         "policy_step/trajectories": len(trained["policy_step/trajectories"]),
-    })  # fmt: skip
+    }  # fmt: skip
+    append_metrics(settings.runs_dir, run_id, row)
     state.published.append(
         Published(round=round_index, retriever_version=trained["retriever"], policy_version=trained["policy"])
     )
@@ -98,4 +102,6 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
     if state.next_round >= state.config.rounds:
         state.status = "done"
     state.save(settings.runs_dir)
+    # After the save: a tracker that fails is a warning, and one that takes the process down cannot log the row twice
+    log_round(settings.runs_dir / run_id, state.config, row, finished=state.status == "done")
     return state.status == "running"

@@ -4,17 +4,24 @@ failing a run."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import uuid
+from pathlib import Path
 
 import redis
 
 from services.common.clients.policy import PolicyClient
+from services.eval.data_files import DataRows
+from services.eval.split import training_data
 from services.trainer.config_file import to_toml
 from services.trainer.rollout import (
     ensure_group,
 )
 from services.trainer.run_state import RunConfig, RunState
 from services.trainer.settings import TrainerSettings
+from services.trainer.trackers import check_trackers
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +36,27 @@ def source_stream(settings: TrainerSettings, config: RunConfig) -> str:
     return settings.feedback_stream if config.source == "live" else settings.trajectory_stream
 
 
-def start_run(settings: TrainerSettings, config: RunConfig) -> RunState:
+QUESTIONS = "questions.jsonl"
+
+
+def start_run(settings: TrainerSettings, config: RunConfig, data: DataRows | None = None) -> RunState:
+    """A new run's folder and state (an existing run's state, as it is). A run on its own data (`config.data`)
+    reads it here, once (or takes `data`, read already from that path), into <run>/questions.jsonl: the workers
+    read that copy, never the user's path. A tracker of `config.report_to` that is not installed is refused here
+    (`trackers.TrackerUnavailable`, one line), before anything is written."""
+    check_trackers(config.report_to)
     folder = settings.runs_dir / config.run_id
     if RunState.path(settings.runs_dir, config.run_id).exists():
         return RunState.load(settings.runs_dir, config.run_id)
+    if config.source != "live":  # fail now, not in a worker, when there are no questions
+        if config.data is not None:
+            data = data or training_data(config.data, settings.qa_dir)
+        else:
+            settings.training_questions(config.dataset)
     folder.mkdir(parents=True, exist_ok=True)
+    if data is not None and config.data is not None:
+        write_questions(folder / QUESTIONS, data.rows)
     r = redis_client(settings)
-    if config.source != "live":
-        settings.training_questions(config.dataset)  # fail now, not in a worker, when there are none
     ensure_group(r, source_stream(settings, config), config.run_id)
     state = RunState(config=config, lam=config.algo.initial_lambda)
     (folder / "config.toml").write_text(to_toml(config))
@@ -45,6 +65,33 @@ def start_run(settings: TrainerSettings, config: RunConfig) -> RunState:
             state.initial_policy_version = client.checkpoints().active
     state.save(settings.runs_dir)
     return state
+
+
+def rollout_ids(rows: list[dict]) -> list[dict]:
+    """Rows whose ids are unique over the run, as a round's rollouts need (groups are keyed by item id): when the
+    rows span several datasets, each id becomes `<dataset>/<id>` (FlashRAG's and Search-R1's ids restart in every
+    dataset: nq and hotpotqa both have a train_0)."""
+    if len({row["dataset"] for row in rows}) < 2:
+        return rows
+    return [{**row, "id": f"{row['dataset']}/{row['id']}"} for row in rows]
+
+
+def write_questions(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+    with tmp.open("w") as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in rollout_ids(rows))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def run_questions(settings: TrainerSettings, config: RunConfig) -> list[dict]:
+    """The training questions of a run: <run>/questions.jsonl for a run on its own data, else the dataset's
+    training pool."""
+    if config.data is None:
+        return settings.training_questions(config.dataset)
+    with (settings.runs_dir / config.run_id / QUESTIONS).open() as fh:
+        return [json.loads(line) for line in fh if line.strip()]
 
 
 def round_dir(settings: TrainerSettings, run_id: str, round_index: int):

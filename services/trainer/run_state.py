@@ -8,10 +8,11 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.common.checkpoints import write_json_atomic
 from services.trainer.algo.config import PAPER_GAMMA, AlgoConfig
+from services.trainer.trackers import TrackerName, tracker_names
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,15 @@ class RunConfig(BaseModel):
     run_id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", description="Name of the run (default: generated)."
     )
-    dataset: str = Field("hotpotqa", description="Questions: <BRIDGE_TRAINER_QA_DIR>/<dataset>.jsonl.")
+    dataset: str = Field(
+        "hotpotqa", description="Questions: <BRIDGE_TRAINER_QA_DIR>/<dataset>.jsonl (unless data is set)."
+    )
+    data: Path | None = Field(
+        None,
+        description="Questions from your own file or folder instead of dataset: a Search-R1/verl .parquet, a "
+        "FlashRAG .jsonl, or a folder of them (docs/training.md, Bring your data). Read once when the run starts, "
+        "into <run>/questions.jsonl; every row is trained on, except the evaluation split of our <dataset>.jsonl.",
+    )
     rounds: int = Field(2, ge=1, le=10_000, description="Rounds (each publishes retriever, then policy).")
     questions_per_round: int = Field(4, ge=1, le=64, description="Questions per round (x group_size rollouts).")
     source: Literal["dataset", "live"] = Field(
@@ -50,12 +59,25 @@ class RunConfig(BaseModel):
         "R1-Searcher) or em-format (Search-R1's qa_em_format: 0.2 for a well-formed trajectory, 1 only for a "
         "correct answer). Evaluation reports EM and F1 whatever this is.",
     )
+    report_to: list[TrackerName] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="Experiment trackers every round's metrics also go to (TRL's report_to): tensorboard, wandb, "
+        "mlflow; [] for none. Files under the run's folder (docs/training.md, Experiment trackers).",
+    )
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _tracker_names(cls, value: Any) -> Any:
+        """`report_to = "tensorboard,wandb"` (or `--set report_to=wandb`) as a list; `none` is no tracker."""
+        return tracker_names(value) if isinstance(value, str | list | tuple) else value
 
     @model_validator(mode="after")
     def _fresh_needs_questions(self) -> RunConfig:
         if self.source == "live" and self.algo.policy_rollouts == "fresh":
             raise ValueError("policy_rollouts='fresh' needs questions to ask again; live runs have only served ones")
+        if self.source == "live" and self.data is not None:
+            raise ValueError("data gives questions to ask; live runs train on served ones")
         return self
 
 

@@ -24,6 +24,7 @@ from services.trainer.retry import AUTORETRY_FOR, DONT_AUTORETRY_FOR, is_transie
 from services.trainer.round_files import mark_failed
 from services.trainer.run_state import RunState
 from services.trainer.settings import TrainerSettings
+from services.trainer.trackers import check_trackers
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,11 @@ class RoundStep(Task):
 
 @shared_task(name="trainer.round.collect", bind=True, base=RoundStep)
 def collect(self, run_id: str, round_index: int, phase: plan.Phase | None = None) -> None:
-    """`phase=None` (how a run is started or resumed): the plan's first phase."""
+    """`phase=None` (how a run is started or resumed): the plan's first phase, once the run's trackers are found
+    importable on this worker (else the run fails now, with the one-line reason, not at its first publish)."""
     settings = _settings()
+    if phase is None:
+        check_trackers(RunState.load(settings.runs_dir, run_id).config.report_to)
     phase = phase or plan.first_phase(_algo(settings, run_id))
     outcome = collect_step.collect(settings, run_id, round_index, phase)
     if outcome == "ready":

@@ -25,6 +25,7 @@ class SearchSample:
     temperature: float
     behaviour_logprob: float | None  # None for a greedy (served) retrieval: no retrieval-credit term
     old_logprob: float | None = None  # the same draw scored by the trainer under phi_old (set by the round)
+    turn_text: str = ""  # what the policy wrote in the turn that searched (its think and its <search> tag)
 
 
 @dataclass
@@ -98,6 +99,7 @@ def build_batch(
                     chosen=torch.tensor([ids.index(c) for c in step.chosen_ids]),
                     temperature=step.temperature,
                     behaviour_logprob=step.logprob,
+                    turn_text=turn.text,
                 )
             )
     q_samples = build_q_samples(records, searches, cfg, tokenizer, docs) if cfg.needs_q and with_q else []
@@ -110,6 +112,29 @@ def build_batch(
         doc_texts={k: f"{t}\n{x}" if t else x for k, (t, x) in docs.items()},
         doc_titles={k: t for k, (t, _) in docs.items()},
     )
+
+
+ANSWER_OPEN = "<answer>"
+
+
+def search_prefix(search: SearchSample) -> str:
+    """The policy's own search turn (its think, then `<search> q </search>`) when the record holds it, else the
+    bare tag with the query."""
+    text = search.turn_text.rstrip()
+    if "<search>" in text and text.endswith("</search>"):
+        return text
+    return f"<search> {search.query} </search>"
+
+
+def answer_prefix(record: TrajectoryRecord) -> str:
+    """What the policy wrote in its answer turn up to and including `<answer>` (the warm start's `<think> I found
+    the answer. </think>` first), so y* is scored where the policy's answer starts; `<answer>` alone when the
+    trajectory never opened one."""
+    for turn in reversed(record.turns):
+        cut = turn.text.rfind(ANSWER_OPEN)
+        if cut >= 0:
+            return turn.text[: cut + len(ANSWER_OPEN)]
+    return ANSWER_OPEN
 
 
 def spread_subsample(records, searches: list[SearchSample | None], q_steps: int, seed: int) -> list[int]:
@@ -167,16 +192,15 @@ def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list
         prompt = record.prompt  # exactly what the policy was shown
         contexts, answers = [], []
         answer = f" {record.golden_answers[0]} </answer>"  # the warm start's `<answer> X </answer>`
+        before, after = search_prefix(search), answer_prefix(record)
         for c in top:
             title, text = docs[search.candidate_ids[c]]
             text_ids = tokenizer(text, add_special_tokens=False)["input_ids"][: cfg.q_doc_tokens]
             observation = format_information([(title, tokenizer.decode(text_ids))])
-            context_ids, answer_ids = split_ids(
-                tokenizer, f"{prompt}<search> {search.query} </search>{observation}<answer>", answer
-            )
+            context_ids, answer_ids = split_ids(tokenizer, f"{prompt}{before}{observation}{after}", answer)
             contexts.append(context_ids)
             answers.append(answer_ids)
-        if any(a != answers[0] for a in answers):  # the context ends on `<answer>` for every candidate
+        if any(a != answers[0] for a in answers):  # the context ends on the same answer prefix for every candidate
             raise ValueError(f"y* tokenizes differently after different candidates: {answers}")
         answer_ids = answers[0]
         log_prior = torch.log_softmax(search.deployed_scores[top] / search.temperature, dim=-1)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from services.eval.datasets import available
-from services.eval.split import EVAL_SPLIT, SplitViolation, refuse_trained_questions, training_rows
+from services.eval.split import EVAL_SPLIT, SplitViolation, refuse_trained_questions, training_data, training_rows
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.rollout import round_items
 from services.trainer.run_state import RunConfig
@@ -42,6 +42,14 @@ def test_a_training_run_never_samples_the_evaluation_split(tmp_path):
     asked = {row["id"] for r in range(20) for row in round_items(config, pool, r)}
     assert asked and asked <= {f"q{i}" for i in range(EVAL_SPLIT, EVAL_SPLIT + 12)}
     assert round_items(config, pool, 3) == round_items(config, pool, 3)  # a resumed round asks the same
+
+
+def test_a_data_path_to_our_file_trains_on_the_same_pool(tmp_path):
+    """`bridge-rl train --data <qa_dir>/nq.jsonl` trains on exactly what `--dataset nq` does."""
+    _write(tmp_path / "nq.jsonl", [f"q{i}" for i in range(EVAL_SPLIT + 7)])
+    pool = [row["id"] for _, row in training_rows(tmp_path, "nq")]
+    assert [row["id"] for row in training_data(tmp_path / "nq.jsonl", tmp_path).rows] == pool
+    assert [row["id"] for row in training_data(tmp_path, tmp_path).rows] == pool
 
 
 def test_evaluation_refuses_what_the_adapter_trained_on():
