@@ -5,7 +5,7 @@
   drives the gradient. Logits are computed only where a weighted token is predicted (`logits_to_keep`): the LM head
   over 49k words at every position was a fifth of the step's work for nothing.
 - The state (LoRA weights, AdamW moments, the schedule, the step, the curves) is written atomically to
-  `<state_dir>/checkpoint` every few minutes, at the end, on Ctrl-C and when the time budget runs out; a run
+  `<state_dir>/checkpoint` every few minutes, at the end, on Ctrl-C or SIGTERM and when the time budget runs out; a run
   started again with `resume` goes on from it with the same example order, so a run longer than one session costs
   at most the minutes since its last save.
 """
@@ -16,6 +16,8 @@ import json
 import math
 import random
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -214,6 +216,7 @@ def train(
         save_checkpoint(state_dir, model, optimizer, scheduler, state)
 
     model.train()
+    previous = _stop_on_sigterm()
     try:
         with tqdm(total=total, initial=state.step, desc="warm-start SFT", unit="step") as bar:
             while state.step < total:
@@ -257,7 +260,22 @@ def train(
     except KeyboardInterrupt:
         checkpoint()
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return state
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM (a `kill`, a container stop; a background job ignores Ctrl-C's SIGINT) stops training the way
+    Ctrl-C does: the checkpoint is written first. Returns the handler it replaced (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def write_state_files(state_dir: Path, config: WarmstartConfig, examples: Sequence[SFTExample]) -> None:

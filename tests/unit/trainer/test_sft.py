@@ -129,3 +129,21 @@ def test_a_resumed_run_must_keep_its_settings(tmp_path):
     resumable_config(tmp_path, config.model_copy(update={"max_minutes": 90}))  # the time budget may change
     with pytest.raises(ValueError, match="template_weight"):
         resumable_config(tmp_path, config.model_copy(update={"template_weight": 0.5}))
+
+
+def test_sigterm_checkpoints_before_the_run_stops(tmp_path):
+    import os
+    import signal
+    import threading
+
+    groups = [[_example(i)] for i in range(2000)]
+    config = WarmstartConfig(epochs=1.0, batch_size=1, heldout=0)
+    model = _tiny_model()
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        train(model, groups, [], config, CPU, tmp_path, save_every_s=1e9)  # no timed save: only the signal's
+    timer.join()
+    saved = SFTState.model_validate_json((checkpoint_folder(tmp_path) / "state.json").read_text())
+    assert 0 < saved.step < 2000
+    assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
