@@ -241,7 +241,7 @@ def plot_loss(
     label = "training (answer-weighted)" if weighted else "training (agent tokens)"
     ax.plot([tokens(c) for c in curve], [c["loss"] for c in curve], marker=".", label=label)
     ax.plot(
-        [tokens(h) for h in held], [h["loss"] for h in held], marker="o", label=f"held-out, {label.split(' ', 1)[1]}"
+        [tokens(h) for h in held], [h["loss"] for h in held], marker="o", label=f"held-out {label.split(' ', 1)[1]}"
     )
     if all("answer_loss" in h for h in held):
         ax.plot(
