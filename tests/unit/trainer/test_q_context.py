@@ -4,8 +4,6 @@ start's trajectory format, whatever thoughts that format holds (issue 39, part 1
 
 from __future__ import annotations
 
-import pytest
-
 from services.common.schemas.policy import SearchStep
 from services.modeling.prompt import format_information
 from services.trainer.algo.batch import answer_prefix, build_batch
@@ -16,13 +14,6 @@ DOCS = {
     "g1": ("Night Ferry", "Night Ferry is an orchestral piece by Anna Clyne."),
     "d1": ("Ferry", "A ferry carries passengers across water."),
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer(policy_models_root):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(policy_models_root / "SmolLM2-135M-Instruct"))
 
 
 def warm_start_record(tokenizer, group_index: int):

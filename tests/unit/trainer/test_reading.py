@@ -8,8 +8,6 @@ import json
 import random
 from collections import Counter
 
-import pytest
-
 from services.common.answers import valid_search_r1_sequence
 from services.retriever.inprocess import InProcessRetriever
 from services.trainer.reading import (
@@ -21,13 +19,6 @@ from services.trainer.reading import (
     variant_searches,
 )
 from services.trainer.warmstart import PoolItem, ReadingRecipe, Shown, to_example
-
-
-@pytest.fixture(scope="module")
-def tokenizer(policy_models_root):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(policy_models_root / "SmolLM2-135M-Instruct"))
 
 
 def _item(golds=("Anna Clyne",), support=("g1",), dataset="nq", choice=None) -> PoolItem:

@@ -30,13 +30,6 @@ from services.trainer.warmstart import (
 )
 
 
-@pytest.fixture(scope="module")
-def tokenizer(policy_models_root):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(policy_models_root / "SmolLM2-135M-Instruct"))
-
-
 def _item(dataset="hotpotqa", position=150, golds=("Anna Clyne",), support=("d2", "d3")) -> PoolItem:
     return PoolItem(
         id=f"q{position}",
