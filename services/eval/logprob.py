@@ -3,7 +3,7 @@
 For each evaluated question, take the greedy trajectory the policy produced (its prompt, its searches and the
 passages it was shown) up to where it opened its answer, append ` <gold> </answer>`, and score the gold answer's
 tokens under the evaluated checkpoint: log pi(y* | x, passages shown). The context and the answer are tokenized as
-ONE string and split where the answer starts (`services.trainer.algo.batch.split_ids`, as Q_theta does), so the
+ONE string and split where the answer starts (`services.modeling.tokens.split_ids`, as Q_theta does), so the
 scored tokens are those the policy would write. Unlike EM it moves when the policy gets closer to the answer
 without reaching it, and it is deterministic (no sampling), so it needs no repeated answers.
 
@@ -106,7 +106,7 @@ def answer_logprobs(
     import torch
     from tqdm import tqdm
 
-    from services.trainer.algo.batch import split_ids
+    from services.modeling.tokens import split_ids
 
     tokenizer, model = policy or load_policy(model_dir, adapter_dir)
     device = next(model.parameters()).device

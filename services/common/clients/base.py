@@ -11,6 +11,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_
 # Requests whose repetition changes nothing (RFC 9110 9.2.2); no service honours an idempotency key on a POST.
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 # POSTs that only read (a search, a passage lookup: the body carries the queries): resending one changes nothing.
+# Matched at the end of the request's path, so a service behind a proxy's path prefix (/retriever/v1/search) matches.
 READ_ONLY_POSTS = frozenset({"/v1/search", "/v1/documents/lookup", "/retrieve"})
 # An upstream that is there but cannot answer right now (a checkpoint swap, a restart behind a proxy).
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
@@ -28,8 +29,13 @@ def _safe_to_resend(exc: BaseException) -> bool:
     if not isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
         return False
     return exc.request.method in IDEMPOTENT_METHODS or (
-        exc.request.method == "POST" and exc.request.url.path in READ_ONLY_POSTS
+        exc.request.method == "POST" and _is_read_only_path(exc.request.url.path)
     )
+
+
+def _is_read_only_path(path: str) -> bool:
+    # Each entry starts with "/", so a suffix match falls on a segment boundary (/x/v1/search, never /xv1/search).
+    return any(path.endswith(read) for read in READ_ONLY_POSTS)
 
 
 _transient = retry(

@@ -9,6 +9,7 @@ import torch
 
 from services.common.schemas.policy import TrajectoryRecord
 from services.modeling.prompt import format_information
+from services.modeling.tokens import split_ids
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import grpo_advantages
 
@@ -163,17 +164,6 @@ def spread_subsample(records, searches: list[SearchSample | None], q_steps: int,
             if by_question[question] and len(picked) < q_steps:
                 picked.append(by_question[question].pop())
     return sorted(picked)
-
-
-def split_ids(tokenizer, context: str, answer: str) -> tuple[list[int], list[int]]:
-    """Token ids of `context + answer` tokenized as ONE string, split where the answer starts, so that
-    `context_ids + answer_ids == ids(context + answer)`: the tokens the policy writes, not those of the answer
-    tokenized alone (ByteLevel gives `Ġ` + `Paris` for a leading-space answer alone, `ĠParis` in the whole).
-    A token that straddles the boundary goes to the answer."""
-    encoded = tokenizer(context + answer, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
-    cut = next((n for n, (_, end) in enumerate(offsets) if end > len(context)), len(ids))
-    return list(ids[:cut]), list(ids[cut:])
 
 
 def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list[QSample]:

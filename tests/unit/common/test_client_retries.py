@@ -72,6 +72,21 @@ def test_a_search_whose_connection_drops_is_sent_again(dropping):
     assert dropping.requests == 5  # every attempt of the policy
 
 
+def test_a_search_behind_a_path_prefix_is_sent_again(dropping):
+    # A retriever behind a proxy at /retriever: the request's path is /retriever/v1/search, still a read.
+    with SyncServiceClient(dropping.url + "/retriever", timeout=10) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            client._call("POST", "/v1/search", json={"queries": ["q"]})
+    assert dropping.requests == 5
+
+
+def test_a_post_whose_path_only_contains_a_read_is_not_sent_again(dropping):
+    with SyncServiceClient(dropping.url, timeout=10) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            client._call("POST", "/v1/search/jobs", json={"queries": ["q"]})
+    assert dropping.requests == 1
+
+
 def test_a_get_whose_connection_drops_is_sent_again(dropping):
     with SyncServiceClient(dropping.url, timeout=10) as client:
         with pytest.raises(httpx.RemoteProtocolError):

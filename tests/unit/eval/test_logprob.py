@@ -20,7 +20,7 @@ def test_batched_logprob_matches_one_row_at_a_time(policy_models_root):
     import torch
 
     from services.eval.logprob import load_policy
-    from services.trainer.algo.batch import split_ids
+    from services.modeling.tokens import split_ids
 
     policy = load_policy(policy_models_root / "SmolLM2-135M-Instruct", device="cpu")
     rows = [
