@@ -4,6 +4,7 @@ one that never reached the server is retried whatever its method."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from services.common.clients.base import SyncServiceClient
+from services.common.clients.retriever import AsyncRetrieverClient, RetrieverClient
 
 
 class DroppingServer:
@@ -101,3 +103,25 @@ def test_a_post_that_never_reached_the_server_is_retried():
         with SyncServiceClient(url, timeout=10) as client, pytest.raises(httpx.ConnectError):
             client._call("POST", "/v1/checkpoints", json={"path": "/ckpt/v1"})
     assert SyncServiceClient._call.statistics["attempt_number"] == 5
+
+
+def test_a_passage_lookup_whose_connection_drops_is_sent_again(dropping):
+    with RetrieverClient(dropping.url, timeout=10) as client, pytest.raises(httpx.RemoteProtocolError):
+        client.get_documents(["doc-1", "doc-2"])
+    assert dropping.requests == 5
+
+
+def test_the_async_client_resends_reads_and_never_a_registration(dropping):
+    # The policy's retriever client is the async one: the same policy through tenacity's async retrying.
+    async def scenario() -> list[int]:
+        seen: list[int] = []
+        async with AsyncRetrieverClient(dropping.url, timeout=10) as client:
+            for call in (lambda: client.search(["q"]), lambda: client.lookup(["doc-1"]),
+                         lambda: client.register("/ckpt/v1")):  # fmt: skip
+                before = dropping.requests
+                with pytest.raises(httpx.RemoteProtocolError):
+                    await call()
+                seen.append(dropping.requests - before)
+        return seen
+
+    assert asyncio.run(scenario()) == [5, 5, 1]
