@@ -1,5 +1,5 @@
 """The evaluation sits below the trainer: nothing under services/eval imports services.trainer, at module level or
-inside a function (the trainer's rounds import the evaluation, never the other way round)."""
+inside a function (the trainer imports the evaluation's split and scoring, never the other way round)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def imported_modules(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
-            modules.add(node.module)
+            # `from services import trainer` names the package in the alias, not in the module
+            modules.update({node.module, *(f"{node.module}.{alias.name}" for alias in node.names)})
     return modules
 
 
