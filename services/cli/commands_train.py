@@ -146,7 +146,7 @@ def train(
     from services.eval.data_files import DataFileError
     from services.eval.split import training_data
     from services.trainer.config_file import load_run_config, parse_override, to_toml
-    from services.trainer.round_files import start_run
+    from services.trainer.round_files import LiveTrafficRefused, start_run
     from services.trainer.run_state import RunState, read_metrics
     from services.trainer.settings import TrainerSettings
     from services.trainer.submit import enqueue, follow
@@ -194,7 +194,11 @@ def train(
                 raise typer.BadParameter(str(exc), param_hint="--data") from exc
             for line in rows.report():
                 typer.echo(line)
-        state = start_run(settings, run_config, rows)
+        try:
+            state = start_run(settings, run_config, rows)
+        except LiveTrafficRefused as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
     run_id = state.config.run_id
     enqueue(settings, run_id, state.next_round)
     typer.echo(f"run {run_id}: {settings.runs_dir / run_id}")
@@ -209,12 +213,19 @@ def train(
     for row in read_metrics(settings.runs_dir, run_id):
         typer.echo(
             f"round {row['round']}: reward {row['reward/mean']:.3f} em {row['em/mean']:.3f} f1 {row['f1/mean']:.3f} "
-            f"recall {row['recall/support']:.3f} lambda {row['lambda']:.2f} -> retriever {row['retriever_version']}, "
+            f"recall {row['recall/support']:.3f} lambda {row['lambda']:.2f} -> {_retriever_outcome(row)}, "
             f"policy {row['policy_version']} ({row['time/train_s']:.0f}s, {row['memory/peak_mb']:.0f} MB)"
         )
     if state.status == "failed":
         typer.echo(f"run failed: {state.error}", err=True)
         raise typer.Exit(1)
+
+
+def _retriever_outcome(row: dict) -> str:
+    """What a published round did to the retriever, as the console says it."""
+    if reason := row.get("retriever_unchanged"):
+        return f"retriever: unchanged, {reason}"
+    return f"retriever {row['retriever_version']}"
 
 
 def _check_trackers(names: list[str]) -> None:

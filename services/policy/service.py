@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -84,6 +85,7 @@ class PolicyService:
             settings.trajectory_ttl_s,
         )
         self.agent = AgentRunner(engine, self.retriever, settings.max_new_tokens, settings.max_model_len)
+        self.explore_rng = random.Random()  # which served queries draw the exploring share of retrieval
         self._cleanups: set[asyncio.Task] = set()  # cut-short streams being recorded
 
     async def start(self) -> None:
@@ -123,7 +125,9 @@ class PolicyService:
             [AgentTask(question=request.question, oracle_docs=oracle)],
             temperature=self.settings.serve_temperature,
             max_turns=request.max_turns if request.mode in ("agent", "oracle") else 0,
-            retrieval=self.settings.serve_retrieval_spec(request.top_k),
+            retrieval=self.settings.serve_retrieval_spec(
+                request.top_k, explore=self.explore_rng.random() < self.settings.serve_retrieval_share
+            ),
             sink=sink,
             version=version,
             **_MODES[request.mode],

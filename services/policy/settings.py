@@ -74,6 +74,13 @@ class PolicySettings(CommonSettings):
     serve_retrieval: Literal["greedy", "sample"] = Field(
         "greedy", description="Served queries' retrieval: greedy top-k, or a Plackett-Luce sample (exploration)."
     )
+    serve_retrieval_share: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="With serve_retrieval=sample: the share of served queries that explore (a Plackett-Luce sample, "
+        "its log-prob logged for the trainer); the rest retrieve greedy top-k, so most users see the best ranking.",
+    )
     serve_retrieval_candidates: int = Field(20, ge=1, le=200, description="M candidates when serve_retrieval=sample.")
     serve_retrieval_temperature: float = Field(
         0.05, gt=0, le=100, description="Retrieval temperature when serve_retrieval=sample."
@@ -108,11 +115,17 @@ class PolicySettings(CommonSettings):
             keys += [line.split("#", 1)[0].strip() for line in lines]
         return tuple(dict.fromkeys(k for k in keys if k))
 
-    def serve_retrieval_spec(self, top_k: int):
-        """How a served query retrieves (recorded in its trajectory, so the trainer never assumes it)."""
+    @property
+    def explores_retrieval(self) -> bool:
+        """Whether any served query samples its retrieval: the only traffic a live round can train phi on."""
+        return self.serve_retrieval == "sample" and self.serve_retrieval_share > 0
+
+    def serve_retrieval_spec(self, top_k: int, explore: bool = True):
+        """How a served query retrieves (recorded in its trajectory, so the trainer never assumes it); `explore`:
+        this query drew the exploring share (`serve_retrieval_share`)."""
         from services.policy.agent import RetrievalSpec
 
-        if self.serve_retrieval == "greedy":
+        if self.serve_retrieval == "greedy" or not explore:
             return RetrievalSpec(top_k=top_k, candidates=top_k)
         return RetrievalSpec(top_k=top_k, mode="sample", candidates=max(top_k, self.serve_retrieval_candidates),
                              temperature=self.serve_retrieval_temperature)  # fmt: skip

@@ -51,7 +51,8 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
         return phase != "retriever" and state.status == "running"
     folder = round_dir(settings, run_id, round_index)
     if phase == "retriever":
-        publish_retriever(settings, folder, json.loads((folder / TRAINED["retriever"]).read_text())["retriever"])
+        if version := json.loads((folder / TRAINED["retriever"]).read_text())["retriever"]:
+            publish_retriever(settings, folder, version)
         return True
     trained = json.loads((folder / TRAINED[phase]).read_text())
     token = settings.services_admin_token()
@@ -79,6 +80,7 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
     row = {
         "round": round_index, **trained["rollout_metrics"], **stats, **fresh,
         "retriever_version": trained["retriever"], "policy_version": trained["policy"],
+        **({"retriever_unchanged": trained["retriever_unchanged"]} if "retriever_unchanged" in trained else {}),
         "activated_at": activated_at, "requested_at": requested_at, "time/train_s": trained["time/train_s"],
         "memory/peak_mb": trained["memory/peak_mb"],
         **({"memory/gpu_peak_mb": trained["memory/gpu_peak_mb"]} if "memory/gpu_peak_mb" in trained else {}),

@@ -13,6 +13,7 @@ from pathlib import Path
 import redis
 
 from services.common.clients.policy import PolicyClient
+from services.common.schemas.policy import ServingConfig
 from services.eval.data_files import DataRows
 from services.eval.split import training_data
 from services.trainer.config_file import to_toml
@@ -39,15 +40,38 @@ def source_stream(settings: TrainerSettings, config: RunConfig) -> str:
 QUESTIONS = "questions.jsonl"
 
 
+class LiveTrafficRefused(ValueError):
+    """A live run that asks to train the retriever on traffic that can never train it."""
+
+
+def check_live_traffic(config: RunConfig, serving: ServingConfig) -> None:
+    """Every retriever term needs sampled searches (`algo.round.retriever_unchanged_reason`): on a policy service
+    that serves greedy retrieval only, a live run that updates the retriever would publish nothing but policies."""
+    if config.source != "live" or not config.algo.updates_retriever or serving.explores_retrieval:
+        return
+    why = "greedy retrieval" if serving.retrieval == "greedy" else "retrieval_share 0"
+    raise LiveTrafficRefused(
+        f"the policy service serves {why}, so its traffic can never train the retriever: serve with exploration "
+        "(BRIDGE_POLICY_SERVE_RETRIEVAL=sample, BRIDGE_POLICY_SERVE_RETRIEVAL_SHARE > 0) or train the policy alone "
+        "(--algo search-r1)"
+    )
+
+
 def start_run(settings: TrainerSettings, config: RunConfig, data: DataRows | None = None) -> RunState:
     """A new run's folder and state (an existing run's state, as it is). A run on its own data (`config.data`)
     reads it here, once (or takes `data`, read already from that path), into <run>/questions.jsonl: the workers
     read that copy, never the user's path. A tracker of `config.report_to` that is not installed is refused here
-    (`trackers.TrackerUnavailable`, one line), before anything is written."""
+    (`trackers.TrackerUnavailable`, one line), before anything is written; so is a live run that would train the
+    retriever on traffic that cannot train it (`LiveTrafficRefused`)."""
     check_trackers(config.report_to)
     folder = settings.runs_dir / config.run_id
     if RunState.path(settings.runs_dir, config.run_id).exists():
         return RunState.load(settings.runs_dir, config.run_id)
+    initial_policy = "base"
+    if config.source == "live":  # served trajectories come from whatever policy is live now
+        with PolicyClient(settings.policy_url) as client:
+            check_live_traffic(config, client.serving())
+            initial_policy = client.checkpoints().active
     if config.source != "live":  # fail now, not in a worker, when there are no questions
         if config.data is not None:
             data = data or training_data(config.data, settings.qa_dir)
@@ -60,9 +84,7 @@ def start_run(settings: TrainerSettings, config: RunConfig, data: DataRows | Non
     ensure_group(r, source_stream(settings, config), config.run_id)
     state = RunState(config=config, lam=config.algo.initial_lambda)
     (folder / "config.toml").write_text(to_toml(config))
-    if config.source == "live":  # served trajectories come from whatever policy is live now
-        with PolicyClient(settings.policy_url) as client:
-            state.initial_policy_version = client.checkpoints().active
+    state.initial_policy_version = initial_policy
     state.save(settings.runs_dir)
     return state
 

@@ -12,7 +12,13 @@ from services.common.checkpoints import write_json_atomic
 from services.common.clients.retriever import RetrieverClient
 from services.trainer.algo.batch import RoundBatch, build_batch
 from services.trainer.algo.optim import RoundOptimizers
-from services.trainer.algo.round import Coupling, train_policy_phase, train_retriever_phase, train_round
+from services.trainer.algo.round import (
+    Coupling,
+    retriever_unchanged_reason,
+    train_policy_phase,
+    train_retriever_phase,
+    train_round,
+)
 from services.trainer.checkpoint import policy_version, retriever_version, write_policy, write_retriever
 from services.trainer.device import Placement
 from services.trainer.metrics import rollout_metrics, share_on_version
@@ -86,6 +92,7 @@ def _train(settings: TrainerSettings, state: RunState, run_id: str, round_index:
         train_s = first["time/train_s"]
         result.update({
             "retriever": first["retriever"], "entry_ids": entry_ids + fresh_ids,
+            **({"retriever_unchanged": first["retriever_unchanged"]} if "retriever_unchanged" in first else {}),
             "policy_step/rollouts": rollout_tag(run_id, round_index, "fresh"),
             "policy_step/trajectories": [r.id for r in fresh.records],
             "fresh_metrics": {**rollout_metrics(fresh_records, items),
@@ -102,7 +109,11 @@ def _train(settings: TrainerSettings, state: RunState, run_id: str, round_index:
             result["coupling"] = dump_coupling(coupling)
         else:
             stats = train_round(policy, retriever, batch, cfg, state.lam, optim)
-        if cfg.updates_retriever:
+        if unchanged := retriever_unchanged_reason(batch, cfg):
+            # phi took no step: publishing it would be a new version identical to the one serving now
+            result["retriever_unchanged"] = unchanged
+            log.info("run %s round %d: retriever: unchanged, %s", run_id, round_index, unchanged)
+        elif cfg.updates_retriever:
             version = retriever_version(run_id, round_index)
             write_retriever(root, retriever, version, state.retriever_version, metrics=_floats(stats), **meta)
             result["retriever"] = version

@@ -28,7 +28,9 @@ def stack(tmp_path_factory, retriever_factory, policy_models_root):
     retriever = retriever_factory("trainer-retriever", **shared)
     with RetrieverClient(retriever.url, admin_token=retriever.token, timeout=600) as client:
         ingest_file(client, REPO / "services/demo_data/hotpotqa_corpus.jsonl", progress=False)
-    env = policy_env(policy_models_root, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS="32", **shared)
+    # Every served query explores its retrieval, so a live round always has sampled searches to train phi on.
+    explore = {"BRIDGE_POLICY_SERVE_RETRIEVAL": "sample", "BRIDGE_POLICY_SERVE_RETRIEVAL_SHARE": "1"}
+    env = policy_env(policy_models_root, retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS="32", **explore, **shared)
     policy = start_service("policy", tmp_path / "policy", env, timeout=900)
     trainer_env = {
         **os.environ, **shared,
@@ -107,32 +109,90 @@ def test_two_bridge_rounds_publish_retriever_then_policy(stack):
     assert answer["retriever_version"] == "it-bridge-r1-retriever"
 
 
-def test_live_learning_from_feedback(stack):
-    import redis
-
+def serve_with_feedback(stack, questions: list[dict], feedback) -> None:
+    """Each question asked over the policy's REST API, then the feedback `feedback(i, question)` gives it."""
     policy = stack["policy"]
-    train(stack, "--source", "live", "--live-batch", "4", "--rounds", "1", "--run-id", "it-live", "--no-wait")
-    questions = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_train.jsonl").open()][:4]
     for i, q in enumerate(questions):
         served = httpx.post(policy.url + "/v1/agent/query", json={"question": q["question"], "max_turns": 1},
                             timeout=600).json()  # fmt: skip
-        reward = {"reward": float(i % 2)}
-        assert httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": served["trajectory_id"], **reward},
-                          ).status_code == 200  # fmt: skip
-    state_path = stack["dir"] / "trainer/runs/it-live/state.json"
+        response = httpx.post(policy.url + "/v1/feedback",
+                              json={"trajectory_id": served["trajectory_id"], **feedback(i, q)})  # fmt: skip
+        assert response.status_code == 200, response.text
+
+
+def wait_done(stack, run_id: str) -> dict:
+    state_path = stack["dir"] / f"trainer/runs/{run_id}/state.json"
     deadline = time.monotonic() + 1200
     while json.loads(state_path.read_text())["status"] == "running":
         assert time.monotonic() < deadline, (stack["dir"] / "worker.log").read_text()[-3000:]
         time.sleep(2)
     state = json.loads(state_path.read_text())
     assert state["status"] == "done", state.get("error")
+    return state
+
+
+def search_top(stack, questions: list[dict], version: str, k: int = 3) -> list[list[tuple[str, float]]]:
+    body = {"queries": [q["question"] for q in questions], "top_k": k, "candidates": k, "version": version}
+    response = httpx.post(stack["retriever"].url + "/v1/search", json=body, timeout=600)
+    assert response.status_code == 200, response.text
+    return [[(d["id"], d["score"]) for d in r["docs"]] for r in response.json()["results"]]
+
+
+def recall(questions: list[dict], top: list[list[tuple[str, float]]]) -> float:
+    """Share of the questions' supporting passages in their top k."""
+    gold = [set(q["metadata"]["supporting_doc_ids"]) for q in questions]
+    return sum(len(g & {d for d, _ in t}) for g, t in zip(gold, top, strict=True)) / sum(map(len, gold))
+
+
+def test_live_learning_from_feedback(stack):
+    """Served queries explore their retrieval (their Plackett-Luce log-probs logged); rewards come back as
+    feedback; a live round trains the retriever on them, then the policy, and both new versions serve."""
+    import redis
+
+    policy = stack["policy"]
+    questions = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_train.jsonl").open()][:4]
+    train(stack, "--source", "live", "--live-batch", "4", "--rounds", "1", "--run-id", "it-live", "--no-wait")
+    before = search_top(stack, questions, httpx.get(stack["retriever"].url + "/v1/checkpoints").json()["active"])
+    serve_with_feedback(stack, questions, lambda i, q: {"reward": float(i % 2)})
+    state = wait_done(stack, "it-live")
     assert state["reward_baseline"] == pytest.approx(0.5)  # first round: the batch mean
     [row] = metrics(stack, "it-live")
     assert row["reward/mean"] == pytest.approx(0.5) and row["weights/mean"] > 0 and row["tis/mean"] > 0
+    assert row["tis/retrieval_mean"] > 0 and "retriever_unchanged" not in row  # the credit had sampled searches
     assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == "it-live-r0-policy"
+    assert httpx.get(stack["retriever"].url + "/v1/checkpoints").json()["active"] == "it-live-r0-retriever"
+    after = search_top(stack, questions, "it-live-r0-retriever")
+    assert [[s for _, s in t] for t in after] != [[s for _, s in t] for t in before]  # a new query tower
+    print(f"recall@3 of the 4 feedback questions: {recall(questions, before):.3f} -> {recall(questions, after):.3f}")
     # Published, so acknowledged on the feedback stream they came from: pending ones would be the next round's again.
     r = redis.Redis.from_url(stack["env"]["REDIS_URL"], decode_responses=True)
     assert r.xpending(stack["env"]["BRIDGE_TRAINER_FEEDBACK_STREAM"], "trainer:it-live")["pending"] == 0
+
+
+def test_a_live_round_with_no_retriever_signal_publishes_no_retriever(stack):
+    """The target alone, on feedback that gives rewards but no answers: phi has nothing to descend, so the round
+    publishes the policy only and says why (metrics and console); the serving retriever is not replaced."""
+    questions = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_train.jsonl").open()][4:6]
+    active = httpx.get(stack["retriever"].url + "/v1/checkpoints").json()["active"]
+    args = ["--source", "live", "--live-batch", "2", "--rounds", "1", "--run-id", "it-live-target",
+            "--set", "algo.retriever_objective=target"]  # fmt: skip
+    run = subprocess.Popen([sys.executable, "-m", "services.cli.main", "train", *args], env=stack["env"], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        while not (stack["dir"] / "trainer/runs/it-live-target/state.json").exists():  # its group reads from here on
+            assert run.poll() is None, run.stdout.read()
+            time.sleep(0.5)
+        serve_with_feedback(stack, questions, lambda i, q: {"reward": 1.0})
+        shown, _ = run.communicate(timeout=1500)  # `train` waits for the round, then prints it
+    finally:
+        run.kill()
+    assert run.returncode == 0, shown + (stack["dir"] / "worker.log").read_text()[-3000:]
+    assert "retriever: unchanged, no sampled searches with a target answer" in shown
+    [row] = metrics(stack, "it-live-target")
+    assert row["retriever_version"] is None and row["policy_version"] == "it-live-target-r0-policy"
+    assert row["retriever_unchanged"] == "no sampled searches with a target answer"
+    assert not (stack["dir"] / "checkpoints/it-live-target-r0-retriever").exists()
+    assert httpx.get(stack["retriever"].url + "/v1/checkpoints").json()["active"] == active
 
 
 def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(stack):

@@ -17,6 +17,7 @@ from services.common.schemas.policy import (
     FeedbackResponse,
     RolloutRequest,
     RolloutResponse,
+    ServingConfig,
     TrajectoryRecord,
 )
 
@@ -61,6 +62,9 @@ class PolicyClient(SyncServiceClient):
 
     def trajectory(self, trajectory_id: str) -> TrajectoryRecord:
         return TrajectoryRecord.model_validate(self._call("GET", f"/v1/trajectories/{trajectory_id}"))
+
+    def serving(self) -> ServingConfig:
+        return ServingConfig.model_validate(self._call("GET", "/v1/serving"))
 
     def checkpoints(self) -> CheckpointList:
         return CheckpointList.model_validate(self._call("GET", "/v1/checkpoints"))

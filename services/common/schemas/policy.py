@@ -162,6 +162,20 @@ class FeedbackRequest(Strict):
         return self
 
 
+class ServingConfig(BaseModel):
+    """How the policy service serves /v1/agent/query: what a live run can learn from its traffic."""
+
+    temperature: float = Field(description="Decoding temperature of served queries (0: greedy).")
+    retrieval: Literal["greedy", "sample"]
+    retrieval_share: float = Field(description="Share of served queries whose retrieval samples (with 'sample').")
+    retrieval_candidates: int
+    retrieval_temperature: float
+
+    @property
+    def explores_retrieval(self) -> bool:
+        return self.retrieval == "sample" and self.retrieval_share > 0
+
+
 class FeedbackResponse(BaseModel):
     trajectory_id: str
     reward: float

@@ -138,7 +138,19 @@ def answer_prefix(record: TrajectoryRecord) -> str:
     return ANSWER_OPEN
 
 
-def spread_subsample(records, searches: list[SearchSample | None], q_steps: int, seed: int) -> list[int]:
+def target_answer(record: TrajectoryRecord, kind: str = "golden") -> str | None:
+    """y* for a record's question (`AlgoConfig.target_answer`): its first golden answer, else (kind "rewarded")
+    its own answer when it was rewarded; None: no target for its searches."""
+    if record.golden_answers:
+        return record.golden_answers[0]
+    if kind == "rewarded" and record.answer and (record.reward or 0) > 0:
+        return record.answer
+    return None
+
+
+def spread_subsample(
+    records, searches: list[SearchSample | None], q_steps: int, seed: int, target: str = "golden"
+) -> list[int]:
     """Up to `q_steps` search indices with distinct (query, candidate set), spread over the round's questions:
     questions in a seeded order, round-robin, one not-yet-taken distinct search of each per pass. Searches of
     one question's G rollouts often share query and candidates (the initial-search scaffold); those count once."""
@@ -150,7 +162,7 @@ def spread_subsample(records, searches: list[SearchSample | None], q_steps: int,
             continue
         record = records[search.trajectory]
         key = (search.query, tuple(search.candidate_ids))
-        if not record.golden_answers or key in seen:
+        if target_answer(record, target) is None or key in seen:
             continue
         seen.add(key)
         by_question.setdefault(record.item_id or record.question, []).append(s)
@@ -175,13 +187,13 @@ def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list
     Q_theta's prior nor g's p_phi would be the distribution that chose its documents."""
     sampled = [s if s.behaviour_logprob is not None else None for s in searches]
     out: list[QSample] = []
-    for s in spread_subsample(records, sampled, cfg.q_steps, cfg.seed):
+    for s in spread_subsample(records, sampled, cfg.q_steps, cfg.seed, cfg.target_answer):
         search = searches[s]
         record = records[search.trajectory]
         top = torch.argsort(search.deployed_scores, descending=True)[: cfg.q_candidates].tolist()
         prompt = record.prompt  # exactly what the policy was shown
         contexts, answers = [], []
-        answer = f" {record.golden_answers[0]} </answer>"  # the warm start's `<answer> X </answer>`
+        answer = f" {target_answer(record, cfg.target_answer)} </answer>"  # the warm start's `<answer> X </answer>`
         before, after = search_prefix(search), answer_prefix(record)
         for c in top:
             title, text = docs[search.candidate_ids[c]]

@@ -68,6 +68,12 @@ class AlgoConfig(BaseModel):
     )
     mu: float = Field(0.1, ge=0, description="Weight of KL(p_deployed || p_phi): stay near the live retriever.")
     beta_q: float = Field(1.0, gt=0, description="Temperature of Q_theta(d) ∝ exp(log pi(y*|x,d) / beta_Q).")
+    target_answer: Literal["golden", "rewarded"] = Field(
+        "golden",
+        description="y* of the target: the question's golden answer (the dataset's, or one that feedback gave); "
+        "'rewarded': where there is none, the trajectory's own answer when its reward is > 0 (live traffic whose "
+        "feedback carries a reward only).",
+    )
     q_steps: int = Field(8, ge=1, le=256, description="Search steps per round that get a Q_theta target.")
     q_candidates: int = Field(5, ge=2, le=50, description="Candidates per step scored by the policy for Q.")
     q_doc_tokens: int = Field(128, ge=16, le=512, description="Document tokens kept in x + d + y* sequences.")

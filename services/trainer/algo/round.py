@@ -99,6 +99,20 @@ def score_old_retrieval(retriever: RetrieverModel, batch: RoundBatch, cap: float
     }
 
 
+def retriever_unchanged_reason(batch: RoundBatch, cfg: AlgoConfig) -> str | None:
+    """Why phi cannot move on this batch, or None when it can. Both of phi's terms need sampled searches: the
+    credit divides by their behaviour log-prob, and the target's Q samples are drawn from them only (a greedy
+    search has no distribution over its candidates); the target also needs a y* for the question. A round with no
+    signal takes no retriever step and must not publish a version identical to the one it started from."""
+    if not cfg.updates_retriever:
+        return None
+    if not batch.sampled:
+        return "no sampled searches"
+    if cfg.retriever_objective == "target" and not batch.q_samples:
+        return "no sampled searches with a target answer"
+    return None
+
+
 def subset_logps(logps: list[torch.Tensor], batch: RoundBatch) -> torch.Tensor:
     """Renormalised log p over each Q sample's candidate subset; (S_q, M_q)."""
     return torch.stack([torch.log_softmax(logps[q.search][q.candidates], dim=-1) for q in batch.q_samples])
