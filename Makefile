@@ -14,8 +14,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/bridge-rl demo
 
+# Whole modules over TEST_WORKERS processes (xdist's loadfile: a module's services start once, in one worker).
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not heavy"
+	$(BIN)/python -m pytest -q -m "not heavy" -n $(TEST_WORKERS) --dist loadfile
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q

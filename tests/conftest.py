@@ -25,14 +25,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Modules that start services run first: `make test` spreads whole modules over workers (xdist's loadfile),
+    and the long ones started last would leave one worker running alone at the end."""
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow)  # stable: each module keeps its order
+
+
 @pytest.fixture(scope="session")
 def models_root() -> Path:
-    """A data dir whose models/ holds both prepared models (prepare is idempotent, so this is cheap later)."""
+    """A data dir whose models/ holds both prepared models (prepare is idempotent, so this is cheap later). Each
+    xdist worker has its own session: the lock makes the first prepare, the others find the result."""
+    from filelock import FileLock
+
     from services.cli.prepare import prepare_retriever_model
     from services.common.settings import CommonSettings
 
     settings = CommonSettings(data_dir=MODELS_CACHE)
-    prepare_retriever_model(settings.retriever_model_dir)
+    MODELS_CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(MODELS_CACHE / ".prepare.lock"):
+        prepare_retriever_model(settings.retriever_model_dir)
     return settings.models_dir
 
 
@@ -96,8 +108,7 @@ def stop_service(service: RunningService) -> None:
         service.process.wait()
 
 
-@pytest.fixture(scope="module")
-def retriever_factory(tmp_path_factory, models_root) -> Iterator:
+def _retriever_factory(tmp_path_factory, models_root: Path) -> Iterator:
     started: list[RunningService] = []
 
     def start(label: str = "retriever", **env: str) -> RunningService:
@@ -115,11 +126,25 @@ def retriever_factory(tmp_path_factory, models_root) -> Iterator:
         stop_service(service)
 
 
+@pytest.fixture(scope="module")
+def retriever_factory(tmp_path_factory, models_root) -> Iterator:
+    """Retrievers of one module (each its own data dir, index and checkpoints), stopped after the module."""
+    yield from _retriever_factory(tmp_path_factory, models_root)
+
+
+@pytest.fixture(scope="session")
+def session_retriever_factory(tmp_path_factory, models_root) -> Iterator:
+    yield from _retriever_factory(tmp_path_factory, models_root)
+
+
 @pytest.fixture(scope="session")
 def policy_models_root(models_root) -> Path:
+    from filelock import FileLock
+
     from services.cli.prepare import prepare_policy_model
 
-    prepare_policy_model(models_root / "SmolLM2-135M-Instruct")
+    with FileLock(MODELS_CACHE / ".prepare.lock"):
+        prepare_policy_model(models_root / "SmolLM2-135M-Instruct")
     return models_root
 
 
@@ -139,16 +164,23 @@ def policy_env(models_root: Path, retriever_url: str, **extra: str) -> dict[str,
     }
 
 
-@pytest.fixture(scope="module")
-def demo_retriever(retriever_factory) -> RunningService:
-    """A retriever holding the demo corpus that ships in the repo (800 hotpotqa passages)."""
+def start_demo_retriever(factory, label: str = "demo-retriever") -> RunningService:
+    """A retriever from `factory` holding the demo corpus that ships in the repo (800 hotpotqa passages)."""
     from services.cli.ingest import ingest_file
     from services.common.clients.retriever import RetrieverClient
 
-    service = retriever_factory("demo-retriever")
+    service = factory(label)
     with RetrieverClient(service.url, admin_token=service.token, timeout=600) as client:
         ingest_file(client, REPO / "services" / "demo_data" / "hotpotqa_corpus.jsonl", progress=False)
     return service
+
+
+@pytest.fixture(scope="session")
+def demo_retriever(session_retriever_factory) -> RunningService:
+    """The demo-corpus retriever shared by the modules that only search it (one ingest a session, not one a
+    module). A module that ingests, deletes, registers or activates starts its own (`start_demo_retriever` with
+    `retriever_factory`)."""
+    return start_demo_retriever(session_retriever_factory)
 
 
 @pytest.fixture

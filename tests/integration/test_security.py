@@ -10,11 +10,17 @@ from xml.etree import ElementTree
 import httpx
 import pytest
 
-from tests.conftest import policy_env, start_service, stop_service
+from tests.conftest import policy_env, start_demo_retriever, start_service, stop_service
 
 pytestmark = pytest.mark.slow
 
 API_KEY = "test-api-key-1"
+
+
+@pytest.fixture(scope="module")
+def demo_retriever(retriever_factory):
+    """This module's own: schemathesis posts, deletes and activates on it with the admin token."""
+    return start_demo_retriever(retriever_factory)
 
 
 @pytest.fixture(scope="module")
