@@ -25,9 +25,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def pytest_configure(config) -> None:
+    """Under xdist each worker trains its own tiny models in process: torch's default, one thread a core in every
+    worker, would oversubscribe the cores. Each worker gets its share; the services the tests start are other
+    processes, with their own."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+# xdist group of the modules that run a whole stack (a vLLM engine, or a Celery worker that trains rounds): `make
+# test` runs them one after another in one worker, never two at once (two stacks and the in-process models of
+# the other worker's tests exceed 24 GiB: the OOM killer took a training worker), while the other worker takes
+# every other module.
+STACK = "stack"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (`--dist loadgroup`)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Modules that start services run first: `make test` spreads whole modules over workers (xdist's loadfile),
-    and the long ones started last would leave one worker running alone at the end."""
+    """Every module not in STACK is its own group (a module's services start once, in one worker), and modules that
+    start services come first, so the long ones do not start last and leave one worker running alone."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.module.__name__ not in slow)  # stable: each module keeps its order
 
