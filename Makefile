@@ -14,13 +14,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/bridge-rl demo
 
-# Whole modules over TEST_WORKERS processes (xdist groups, tests/conftest.py: a module's services start once, in
-# one worker; the modules that run a whole stack, one after another), in collection order, not xdist's
-# most-tests-first.
+# Whole modules over TEST_WORKERS processes (a module's services start once, in one worker; the modules that run a
+# whole stack one after another: tests/conftest.py), in collection order, not xdist's most-tests-first.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not heavy" -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -m "not heavy" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -36,20 +36,33 @@ def pytest_configure(config) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
-# xdist group of the modules that run a whole stack (a vLLM engine, or a Celery worker that trains rounds): `make
-# test` runs them one after another in one worker, never two at once (two stacks and the in-process models of
-# the other worker's tests exceed 24 GiB: the OOM killer took a training worker), while the other worker takes
-# every other module.
-STACK = "stack"
+# The modules that run a whole stack (a vLLM engine, or a Celery worker that trains rounds). `make test` runs them
+# one after another in one xdist worker, never two at once: two stacks beside the other worker's in-process models
+# exceeded 24 GiB (the OOM killer took a training worker). Every other module is a unit of its own.
+STACK_MODULES = frozenset({
+    "tests/e2e/test_console.py", "tests/e2e/test_up.py",
+    "tests/integration/test_policy_service.py", "tests/integration/test_trainer.py",
+})  # fmt: skip
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (`--dist loadgroup`)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with STACK_MODULES as one file. (xdist's own `loadgroup` reads groups from rewritten node
+    ids, which pytest 9.2 no longer carries: pytest-xdist issue 1386; this needs no marker and no node id.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class StackScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "stack" if path in STACK_MODULES else path
+
+    return StackScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Every module not in STACK is its own group (a module's services start once, in one worker), and modules that
-    start services come first, so the long ones do not start last and leave one worker running alone."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    """Modules that start services come first, so the long ones do not start last and leave one worker running
+    alone at the end (`make test` keeps this order: --no-loadscope-reorder)."""
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.module.__name__ not in slow)  # stable: each module keeps its order
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, STACK, free_port, policy_env, start_service, stop_service
+from tests.conftest import REPO, free_port, policy_env, start_service, stop_service
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(STACK)]
+pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 RUN_ID = "console-run"
 QUESTION = "What science fantasy young adult series has companion books about enslaved worlds?"

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, STACK, free_port
+from tests.conftest import REPO, free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(STACK)]
+pytestmark = pytest.mark.slow
 
 
 def processes_using(marker: str) -> list[int]:

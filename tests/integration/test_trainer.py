@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from services.trainer.device import Placement
-from tests.conftest import REPO, STACK, free_port, policy_env, start_service, stop_service
+from tests.conftest import REPO, free_port, policy_env, start_service, stop_service
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(STACK)]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
