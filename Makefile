@@ -14,12 +14,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/bridge-rl demo
 
-# Whole modules over TEST_WORKERS processes (a module's services start once, in one worker; the modules that run a
-# whole stack one after another: tests/conftest.py), in collection order, not xdist's most-tests-first.
-TEST_WORKERS ?= 2
-
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not heavy" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -m "not heavy"
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -25,61 +25,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def pytest_configure(config) -> None:
-    """Under xdist each worker trains its own tiny models in process: torch's default, one thread a core in every
-    worker, would oversubscribe the cores. Each worker gets its share; the services the tests start are other
-    processes, with their own."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1:
-        import torch
-
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-
-
-# The modules that run a whole stack (a vLLM engine, or a Celery worker that trains rounds). `make test` runs them
-# one after another in one xdist worker, never two at once: two stacks beside the other worker's in-process models
-# exceeded 24 GiB (the OOM killer took a training worker). Every other module is a unit of its own.
-STACK_MODULES = frozenset({
-    "tests/e2e/test_console.py", "tests/e2e/test_up.py",
-    "tests/integration/test_policy_service.py", "tests/integration/test_trainer.py",
-})  # fmt: skip
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, with STACK_MODULES as one file. (xdist's own `loadgroup` reads groups from rewritten node
-    ids, which pytest 9.2 no longer carries: pytest-xdist issue 1386; this needs no marker and no node id.)"""
-    if config.getoption("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class StackScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "stack" if path in STACK_MODULES else path
-
-    return StackScheduling(config, log)
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """Modules that start services come first, so the long ones do not start last and leave one worker running
-    alone at the end (`make test` keeps this order: --no-loadscope-reorder)."""
-    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module.__name__ not in slow)  # stable: each module keeps its order
-
-
 @pytest.fixture(scope="session")
 def models_root() -> Path:
-    """A data dir whose models/ holds both prepared models (prepare is idempotent, so this is cheap later). Each
-    xdist worker has its own session: the lock makes the first prepare, the others find the result."""
-    from filelock import FileLock
-
+    """A data dir whose models/ holds both prepared models (prepare is idempotent, so this is cheap later)."""
     from services.cli.prepare import prepare_retriever_model
     from services.common.settings import CommonSettings
 
     settings = CommonSettings(data_dir=MODELS_CACHE)
-    MODELS_CACHE.mkdir(parents=True, exist_ok=True)
-    with FileLock(MODELS_CACHE / ".prepare.lock"):
-        prepare_retriever_model(settings.retriever_model_dir)
+    prepare_retriever_model(settings.retriever_model_dir)
     return settings.models_dir
 
 
@@ -169,17 +122,15 @@ def retriever_factory(tmp_path_factory, models_root) -> Iterator:
 
 @pytest.fixture(scope="session")
 def session_retriever_factory(tmp_path_factory, models_root) -> Iterator:
+    """Retrievers shared by every module of the session (read-only use only), stopped at its end."""
     yield from _retriever_factory(tmp_path_factory, models_root)
 
 
 @pytest.fixture(scope="session")
 def policy_models_root(models_root) -> Path:
-    from filelock import FileLock
-
     from services.cli.prepare import prepare_policy_model
 
-    with FileLock(MODELS_CACHE / ".prepare.lock"):
-        prepare_policy_model(models_root / "SmolLM2-135M-Instruct")
+    prepare_policy_model(models_root / "SmolLM2-135M-Instruct")
     return models_root
 
 
