@@ -126,7 +126,7 @@ class PolicyService:
             temperature=self.settings.serve_temperature,
             max_turns=request.max_turns if request.mode in ("agent", "oracle") else 0,
             retrieval=self.settings.serve_retrieval_spec(
-                request.top_k, explore=self.explore_rng.random() < self.settings.serve_retrieval_share
+                request.top_k, explore=self.settings.explores(self.explore_rng.random())
             ),
             sink=sink,
             version=version,

@@ -120,6 +120,10 @@ class PolicySettings(CommonSettings):
         """Whether any served query samples its retrieval: the only traffic a live round can train phi on."""
         return self.serve_retrieval == "sample" and self.serve_retrieval_share > 0
 
+    def explores(self, draw: float) -> bool:
+        """Whether a served query with uniform `draw` in [0, 1) falls in the exploring share."""
+        return self.explores_retrieval and draw < self.serve_retrieval_share
+
     def serve_retrieval_spec(self, top_k: int, explore: bool = True):
         """How a served query retrieves (recorded in its trajectory, so the trainer never assumes it); `explore`:
         this query drew the exploring share (`serve_retrieval_share`)."""
