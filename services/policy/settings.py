@@ -115,14 +115,9 @@ class PolicySettings(CommonSettings):
             keys += [line.split("#", 1)[0].strip() for line in lines]
         return tuple(dict.fromkeys(k for k in keys if k))
 
-    @property
-    def explores_retrieval(self) -> bool:
-        """Whether any served query samples its retrieval: the only traffic a live round can train phi on."""
-        return self.serve_retrieval == "sample" and self.serve_retrieval_share > 0
-
     def explores(self, draw: float) -> bool:
-        """Whether a served query with uniform `draw` in [0, 1) falls in the exploring share."""
-        return self.explores_retrieval and draw < self.serve_retrieval_share
+        """Whether a served query with uniform `draw` in [0, 1) falls in the exploring share (never at share 0)."""
+        return self.serve_retrieval == "sample" and draw < self.serve_retrieval_share
 
     def serve_retrieval_spec(self, top_k: int, explore: bool = True):
         """How a served query retrieves (recorded in its trajectory, so the trainer never assumes it); `explore`:
