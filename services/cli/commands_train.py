@@ -280,6 +280,13 @@ def warmstart(
         ),
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Go on from the last checkpoint in --state-dir.")] = False,
+    continue_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="A committed adapter of this same run (e.g. services/policy/reading_adapter) to go on from when "
+            "--state-dir holds no checkpoint (a new machine): its LoRA and step; AdamW restarts with a warm-up."
+        ),
+    ] = None,
     hold_out: Annotated[
         Path | None,
         typer.Option(help="A file of 'dataset:id' lines never trained on (e.g. the questions a later measure uses)."),
@@ -332,6 +339,7 @@ def warmstart(
             resume=resume,
             examples_cache=examples_cache,
             device=device,
+            continue_from=continue_from,
         )
     except ValueError as exc:  # a run that exists, or one resumed with other settings: say so, no traceback
         typer.echo(f"error: {exc}", err=True)

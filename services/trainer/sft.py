@@ -8,6 +8,8 @@
   `<state_dir>/checkpoint` every few minutes, at the end, on Ctrl-C or SIGTERM and when the time budget runs out; a run
   started again with `resume` goes on from it with the same example order, so a run longer than one session costs
   at most the minutes since its last save.
+- A run may also go on from a committed adapter of itself (`continued`): a new machine keeps only what git holds, and
+  an adapter holds the LoRA and the step but not AdamW's moments, so those restart there with a fresh warm-up.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ class SFTState(BaseModel):
     curve: list[dict[str, float]] = Field(default_factory=list)
     heldout: list[dict[str, float]] = Field(default_factory=list)
     sessions: list[dict[str, float]] = Field(default_factory=list, description="Per start: first and last step, s")
+    restarted_at: int | None = Field(
+        None, description="The step a continuation from an adapter began at: AdamW restarted there, warming up again"
+    )
+    prior_curve: list[dict[str, float]] = Field(
+        default_factory=list, description="The adapter's summarised loss curve, before `restarted_at`"
+    )
 
     @property
     def done(self) -> bool:
@@ -99,12 +107,16 @@ def training_order(groups: Sequence[Sequence[SFTExample]], epochs: float, seed: 
     return order[: round(len(groups) * epochs)]
 
 
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up, then cosine decay to 10 %."""
+def lr_factor(step: int, warmup: int, total: int, restarted_at: int | None = None) -> float:
+    """Linear warm-up, then cosine decay to 10 %; from `restarted_at` (fresh AdamW moments) the same warm-up again,
+    onto the schedule where it stands."""
     if step < warmup:
         return (step + 1) / (warmup + 1)
     progress = (step - warmup) / max(1, total - warmup)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    factor = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    if restarted_at is not None and restarted_at <= step < restarted_at + warmup:
+        factor *= (step - restarted_at + 1) / (warmup + 1)
+    return factor
 
 
 def heldout_losses(
@@ -159,7 +171,11 @@ def checkpoint_folder(state_dir: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> SFTState:
+def read_state(folder: Path) -> SFTState:
+    return SFTState.model_validate_json((folder / STATE_FILE).read_text())
+
+
+def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> None:
     import torch
 
     weights = torch.load(folder / LORA_FILE, map_location="cpu", weights_only=True)
@@ -173,7 +189,6 @@ def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) ->
     opt = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
     optimizer.load_state_dict(opt["optimizer"])
     scheduler.load_state_dict(opt["scheduler"])
-    return SFTState.model_validate_json((folder / STATE_FILE).read_text())
 
 
 def train(
@@ -185,9 +200,12 @@ def train(
     state_dir: Path,
     resume: bool = False,
     save_every_s: float = 300.0,
+    continued: SFTState | None = None,
 ) -> SFTState:
     """Weighted LoRA SFT over `groups` (one list of variants per question), `config.batch_size` examples a step,
-    resumable from `state_dir`. Stops at the end of the schedule or after `config.max_minutes` of this session."""
+    resumable from `state_dir`. Stops at the end of the schedule or after `config.max_minutes` of this session.
+    `continued`: where the committed adapter already in `model` stopped (its step, counts and curves), used when
+    `state_dir` has no checkpoint to resume."""
     import torch
     from tqdm import tqdm
 
@@ -196,11 +214,26 @@ def train(
     total = math.ceil(len(order) / config.batch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config.warmup_steps, total))
     folder = checkpoint_folder(state_dir) if resume else None
-    state = load_checkpoint(folder, model, optimizer, scheduler) if folder else SFTState(total_steps=total)
-    if state.total_steps != total:
-        raise ValueError(f"{state_dir}: the checkpoint planned {state.total_steps} steps, this config {total}")
+    if folder is not None:
+        state = read_state(folder)
+        if state.total_steps != total:
+            raise ValueError(f"{state_dir}: the checkpoint planned {state.total_steps} steps, this config {total}")
+    elif continued is not None:
+        if continued.step > total:
+            raise ValueError(f"the adapter is at step {continued.step}, past this config's {total} steps")
+        state = continued.model_copy(update={"total_steps": total, "restarted_at": continued.step})
+    else:
+        state = SFTState(total_steps=total)
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", config.lr)  # lets the schedule start at a continuation's step
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: lr_factor(s, config.warmup_steps, total, state.restarted_at),
+        last_epoch=state.step - 1 if folder is None else -1,
+    )
+    if folder is not None:
+        load_checkpoint(folder, model, optimizer, scheduler)
     weight = config.template_weight
     if heldout and not state.heldout:
         state.heldout.append(

@@ -43,7 +43,7 @@ from services.eval.datasets import EvalItem, row_fields
 from services.eval.split import EVAL_SPLIT, SplitViolation, training_rows
 
 if TYPE_CHECKING:
-    pass
+    from services.trainer.sft import SFTState
 
 # Every dataset with a training pool (musique and bamboogle have none: all their questions are the evaluation split).
 DEFAULT_DATASETS = (
@@ -506,6 +506,51 @@ def resumable_config(state_dir: Path, config: WarmstartConfig) -> None:
                          "or start a new --state-dir")  # fmt: skip
 
 
+CONTINUABLE = {"epochs", "max_minutes"}  # what a continuation from an adapter may change: its order is a prefix
+
+
+def continuation(
+    folder: Path, config: WarmstartConfig, groups: Sequence[Sequence[SFTExample]], heldout: Sequence[SFTExample]
+) -> tuple[SFTState, dict[str, Any]]:
+    """Where the committed adapter at `folder` stopped, when it is an earlier session of this very run: the same
+    settings but the length and the time budget, the same training questions (so the seeded order is the same, and
+    the examples after its step are ones it never saw) and the same held-out questions. Returns the state to go on
+    from and the manifest (its files checked against their sha256)."""
+    from services.trainer.sft import SFTState
+
+    manifest = verify_adapter(folder)
+    saved = json.loads(json.dumps({k: v for k, v in manifest["config"].items() if k not in CONTINUABLE}))
+    now = json.loads(json.dumps(config.model_dump(exclude=CONTINUABLE)))
+    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+    if changed:
+        raise ValueError(f"{folder} was trained with other settings ({', '.join(changed)}): only "
+                         f"{' and '.join(sorted(CONTINUABLE))} may change to continue it")  # fmt: skip
+    trained: dict[str, set[str]] = {}
+    for group in groups:
+        trained.setdefault(group[0].dataset, set()).add(group[0].id)
+    if {d: set(ids) for d, ids in manifest["data"]["trained_ids"].items()} != trained:
+        raise ValueError(f"{folder} was trained on other questions than this run's: its order is not this one")
+    if sorted(manifest["data"]["heldout_ids"]) != sorted(f"{e.dataset}:{e.id}" for e in heldout):
+        raise ValueError(f"{folder} held out other questions than this run: its held-out loss would not compare")
+    training = manifest["training"]
+    state = SFTState(
+        step=training["steps"], total_steps=training["total_steps"], examples_seen=training["examples_seen"],
+        tokens_seen=training["tokens_seen"], wall_s=training["wall_s"], heldout=training["heldout_loss"],
+        sessions=training["sessions"], prior_curve=training.get("prior_loss_curve", []) + training["loss_curve"],
+    )  # fmt: skip
+    return state, manifest
+
+
+def load_adapter_weights(model: Any, folder: Path) -> None:
+    """The committed LoRA into a peft model of the same shape (bf16 on disk, the model's dtype in memory)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    result = set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+    if result.unexpected_keys:
+        raise ValueError(f"{folder}: the adapter does not fit this model (e.g. {result.unexpected_keys[0]})")
+
+
 def run_warmstart(
     config: WarmstartConfig,
     *,
@@ -519,10 +564,13 @@ def run_warmstart(
     resume: bool = False,
     examples_cache: Path | None = None,
     device: str = "auto",
+    continue_from: Path | None = None,
 ) -> dict[str, Any]:
     """Build the examples (or, resuming, read them from `state_dir`), train the LoRA on `device` (auto: a CUDA
     GPU when torch sees one; bf16 autocast where native) from its last checkpoint, write the adapter and its
-    manifest; returns the manifest. The adapter is written whenever a session stops, finished or not."""
+    manifest; returns the manifest. The adapter is written whenever a session stops, finished or not.
+    `continue_from`: a committed adapter of this same run to go on from where `state_dir` holds no checkpoint (a
+    new machine); its LoRA and step are kept, AdamW's moments restart."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -565,9 +613,13 @@ def run_warmstart(
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lora)
+    continued, origin = None, None
+    if continue_from is not None and checkpoint_folder(state_dir) is None:
+        continued, origin = continuation(continue_from, config, groups, heldout)
+        load_adapter_weights(model, continue_from)
     placement = Placement.resolve(device, cpu_bf16=True)
     model.to(placement.device)
-    state = train(model, groups, heldout, config, placement, state_dir, resume=resume)
+    state = train(model, groups, heldout, config, placement, state_dir, resume=resume, continued=continued)
     model.to("cpu")  # the adapter is written from the CPU (write_adapter casts it to bf16 there)
     trained: dict[str, set[str]] = {}
     for group in groups:
@@ -601,10 +653,24 @@ def run_warmstart(
             "wall_s": round(state.wall_s, 1),
             "tokens_per_s": round(state.tokens_seen / max(state.wall_s, 1e-9), 1),
             "sessions": state.sessions,
+            "prior_loss_curve": state.prior_curve,
             "loss_curve": curve_summary(state.curve),
+            "restarted_at": state.restarted_at,
             "heldout_loss": state.heldout,
             "torch": torch.__version__,
             "device": placement.describe(),
         },
+        **(
+            {
+                "continued_from": {
+                    "adapter": str(continue_from),
+                    "version": origin["version"],
+                    "files": origin["files"],
+                    "step": continued.step,
+                }
+            }
+            if origin and continued
+            else {}
+        ),
     }
     return write_adapter(model, out, manifest)

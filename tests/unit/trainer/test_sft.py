@@ -147,3 +147,41 @@ def test_sigterm_checkpoints_before_the_run_stops(tmp_path):
     saved = SFTState.model_validate_json((checkpoint_folder(tmp_path) / "state.json").read_text())
     assert 0 < saved.step < 2000
     assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
+
+
+def test_a_restart_warms_up_again_onto_the_schedule_where_it_stands():
+    assert lr_factor(40, 4, 100, restarted_at=40) == pytest.approx(lr_factor(40, 4, 100) / 5)
+    assert lr_factor(43, 4, 100, restarted_at=40) == pytest.approx(lr_factor(43, 4, 100) * 4 / 5)
+    assert lr_factor(44, 4, 100, restarted_at=40) == pytest.approx(lr_factor(44, 4, 100))
+
+
+def test_a_run_continued_from_its_adapter_goes_on_at_its_step_in_the_same_order(tmp_path):
+    from services.trainer.sft import trainable_state
+
+    groups = [[_example(i, length=10 + i % 5)] for i in range(12)]
+    heldout = [_example(99)]
+    config = WarmstartConfig(epochs=1.0, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=2, seed=0)
+    unbroken = train(_tiny_model(), groups, heldout, config, CPU, tmp_path / "a")
+
+    # a session stops after one step and its machine is lost: only the adapter (the LoRA and the counts) survives
+    stopped_model = _tiny_model()
+    stopped = train(stopped_model, groups, heldout, config.model_copy(update={"max_minutes": 1e-9}), CPU,
+                    tmp_path / "b")  # fmt: skip
+    adapter = trainable_state(stopped_model)
+    model = _tiny_model(lora_seed=123)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in adapter:
+                p.copy_(adapter[name])
+    carried = SFTState(step=stopped.step, total_steps=stopped.total_steps, examples_seen=stopped.examples_seen,
+                       tokens_seen=stopped.tokens_seen, heldout=stopped.heldout, sessions=stopped.sessions)  # fmt: skip
+    final = train(model, groups, heldout, config, CPU, tmp_path / "c", continued=carried)
+
+    assert final.done and final.restarted_at == 1 and final.examples_seen == 12
+    assert [s["to"] for s in final.sessions] == [1, 6]
+    # the first step after the restart trains the batch an unbroken run trains there, from the same weights
+    assert final.curve[0]["step"] == 2 and final.curve[0]["loss"] == pytest.approx(unbroken.curve[1]["loss"], rel=1e-5)
+    assert final.tokens_seen == unbroken.tokens_seen
+    with pytest.raises(ValueError, match="past this config"):
+        train(_tiny_model(), groups[:2], [], config, CPU, tmp_path / "d", continued=carried.model_copy(
+            update={"step": 5}))  # fmt: skip

@@ -62,3 +62,57 @@ def test_the_demo_trains_on_questions_neither_evaluated_nor_warm_started():
     if path.exists():
         evaluation = {json.loads(line)["id"] for line in path.open().readlines()[:EVAL_SPLIT]}
         assert not evaluation & set(demo)
+
+
+def _examples_of(manifest: dict, key: str) -> list:
+    from services.trainer.warmstart import SFTExample
+
+    def example(dataset: str, qid: str) -> SFTExample:
+        return SFTExample(id=qid, dataset=dataset, input_ids=[1, 2], loss_mask=[0, 1], kind="reading", variant=0,
+                          searches=["q"], answer="a", answer_shown=True)  # fmt: skip
+
+    if key == "trained_ids":
+        return [[example(d, i)] for d, ids in manifest["data"]["trained_ids"].items() for i in ids]
+    return [example(*q.split(":", 1)) for q in manifest["data"]["heldout_ids"]]
+
+
+def test_the_reading_adapter_continues_only_as_the_run_it_came_from():
+    from services.trainer.warmstart import WarmstartConfig, continuation
+
+    folder = SHIPPED_ADAPTERS["reading"]
+    if not folder.exists():
+        pytest.skip(f"{folder} is not committed")
+    manifest = verify_adapter(folder)
+    groups, heldout = _examples_of(manifest, "trained_ids"), _examples_of(manifest, "heldout_ids")
+    config = WarmstartConfig.model_validate({**manifest["config"], "epochs": 0.5, "max_minutes": 10})
+    state, origin = continuation(folder, config, groups, heldout)
+    assert state.step == manifest["training"]["steps"] > 0 and origin["version"] == manifest["version"]
+    assert state.heldout == manifest["training"]["heldout_loss"] and state.wall_s > 0
+    with pytest.raises(ValueError, match="template_weight"):
+        continuation(folder, config.model_copy(update={"template_weight": 0.5}), groups, heldout)
+    with pytest.raises(ValueError, match="other questions"):
+        continuation(folder, config, groups[1:], heldout)
+    with pytest.raises(ValueError, match="held out other"):
+        continuation(folder, config, groups, heldout[1:])
+
+
+def test_the_committed_lora_loads_into_the_base_as_it_was_saved(policy_models_root):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from services.trainer.warmstart import load_adapter_weights
+
+    folder = SHIPPED_ADAPTER_DIR
+    config = json.loads((folder / "adapter_config.json").read_text())
+    base = AutoModelForCausalLM.from_pretrained(str(policy_models_root / "SmolLM2-135M-Instruct"), dtype=torch.float32)
+    lora = LoraConfig(r=config["r"], lora_alpha=config["lora_alpha"], target_modules=config["target_modules"],
+                      task_type="CAUSAL_LM")  # fmt: skip
+    model = get_peft_model(base, lora)
+    load_adapter_weights(model, folder)
+    saved = load_file(str(folder / "adapter_model.safetensors"))
+    params = {n.replace(".default", ""): p for n, p in model.named_parameters() if p.requires_grad}
+    assert set(saved) == set(params)
+    for name, value in saved.items():
+        assert torch.equal(params[name].detach().to(value.dtype), value), name
