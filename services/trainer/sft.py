@@ -95,14 +95,30 @@ def weighted_nll(
     return (token_nll(model, input_ids, positions, placement) * w).sum(), w.sum()
 
 
-def training_order(groups: Sequence[Sequence[SFTExample]], epochs: float, seed: int) -> list[SFTExample]:
+def question_key(example: SFTExample) -> str:
+    return f"{example.dataset}:{example.id}"
+
+
+def training_order(
+    groups: Sequence[Sequence[SFTExample]], epochs: float, seed: int, first: Sequence[str] = ()
+) -> list[SFTExample]:
     """Each epoch visits every question once, with its next variant (epoch e takes variant e mod the question's
-    count), in a seeded shuffle; `epochs` may be fractional. Deterministic, so a resumed run sees the same order."""
+    count), in a seeded shuffle; `epochs` may be fractional. Deterministic, so a resumed run sees the same order.
+    `first` ('dataset:id' keys): the questions an earlier session already trained on, in its order, which open the
+    first epoch (a continuation from an adapter whose examples were rebuilt elsewhere: its order goes on unchanged,
+    and none of its questions is seen twice in the epoch)."""
     rng = random.Random(seed)
     order: list[SFTExample] = []
     for epoch in range(math.ceil(epochs)):
         visit = [group[epoch % len(group)] for group in groups]
-        rng.shuffle(visit)
+        if epoch == 0 and first:
+            by_key = {question_key(e): e for e in visit}
+            head = [by_key[k] for k in first if k in by_key]
+            rest = [e for e in visit if question_key(e) not in set(first)]
+            rng.shuffle(rest)
+            visit = head + rest
+        else:
+            rng.shuffle(visit)
         order += visit
     return order[: round(len(groups) * epochs)]
 
@@ -201,17 +217,17 @@ def train(
     resume: bool = False,
     save_every_s: float = 300.0,
     continued: SFTState | None = None,
+    first: Sequence[str] = (),
 ) -> SFTState:
     """Weighted LoRA SFT over `groups` (one list of variants per question), `config.batch_size` examples a step,
     resumable from `state_dir`. Stops at the end of the schedule or after `config.max_minutes` of this session.
     `continued`: where the committed adapter already in `model` stopped (its step, counts and curves), used when
-    `state_dir` has no checkpoint to resume."""
+    `state_dir` has no checkpoint to resume; `first`: the questions it trained on, in its order (`training_order`)."""
     import torch
     from tqdm import tqdm
 
     torch.manual_seed(config.seed)
-    order = training_order(groups, config.epochs, config.seed)
-    total = math.ceil(len(order) / config.batch_size)
+    total = math.ceil(round(len(groups) * config.epochs) / config.batch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     folder = checkpoint_folder(state_dir) if resume else None
@@ -234,6 +250,7 @@ def train(
     )
     if folder is not None:
         load_checkpoint(folder, model, optimizer, scheduler)
+    order = training_order(groups, config.epochs, config.seed, first)
     weight = config.template_weight
     if heldout and not state.heldout:
         state.heldout.append(

@@ -43,7 +43,7 @@ from services.eval.datasets import EvalItem, row_fields
 from services.eval.split import EVAL_SPLIT, SplitViolation, training_rows
 
 if TYPE_CHECKING:
-    from services.trainer.sft import SFTState
+    pass
 
 # Every dataset with a training pool (musique and bamboogle have none: all their questions are the evaluation split).
 DEFAULT_DATASETS = (
@@ -452,20 +452,31 @@ def data_summary(examples: Sequence[SFTExample]) -> dict[str, Any]:
     return by_dataset
 
 
+def heldout_draw(keys: Iterable[str], config: WarmstartConfig) -> tuple[list[str], list[str]]:
+    """The seeded split of question keys ('dataset:id', those within max_len) into held-out and training ones."""
+    drawn = sorted(k for k in keys if k not in set(config.hold_out))
+    random.Random(config.seed + 1).shuffle(drawn)
+    return drawn[: config.heldout], drawn[config.heldout :]
+
+
 def split_heldout(
-    examples: Sequence[SFTExample], config: WarmstartConfig
+    examples: Sequence[SFTExample], config: WarmstartConfig, heldout_keys: Sequence[str] | None = None
 ) -> tuple[list[list[SFTExample]], list[SFTExample]]:
     """Training groups (every variant of a question together) and the held-out examples (the first variant of
-    `config.heldout` seeded questions: held-out *training-pool* questions, never the evaluation split)."""
-    groups: dict[tuple[str, str], list[SFTExample]] = {}
+    `config.heldout` seeded questions: held-out *training-pool* questions, never the evaluation split).
+    `heldout_keys`: hold out exactly these ('dataset:id'; a continued run keeps its adapter's)."""
+    groups: dict[str, list[SFTExample]] = {}
     for e in examples:
         if len(e.input_ids) <= config.max_len:
-            groups.setdefault((e.dataset, e.id), []).append(e)
-    kept = {tuple(q.split(":", 1)) for q in config.hold_out}
-    keys = sorted(k for k in groups if k not in kept)
-    random.Random(config.seed + 1).shuffle(keys)
-    heldout = [groups[k][0] for k in keys[: config.heldout]]
-    train = [groups[k] for k in keys[config.heldout :]]
+            groups.setdefault(f"{e.dataset}:{e.id}", []).append(e)
+    held, trained = heldout_draw(groups, config)
+    if heldout_keys is not None:
+        missing = [k for k in heldout_keys if k not in groups]
+        if missing:
+            raise ValueError(f"{len(missing)} held-out question(s) have no example in this build, e.g. {missing[0]}")
+        held, trained = list(heldout_keys), [k for k in held + trained if k not in set(heldout_keys)]
+    heldout = [groups[k][0] for k in held]
+    train = [groups[k] for k in trained]
     if config.recipe == "protocol" and config.two_search_repeat > 1:
         train += [[e] for g in train for e in g if len(e.searches) > 1 for _ in range(config.two_search_repeat - 1)]
     return train, heldout
@@ -506,18 +517,49 @@ def resumable_config(state_dir: Path, config: WarmstartConfig) -> None:
                          "or start a new --state-dir")  # fmt: skip
 
 
+CONTINUATION_FILE = "continued.json"
 CONTINUABLE = {"epochs", "max_minutes"}  # what a continuation from an adapter may change: its order is a prefix
 
 
-def continuation(
-    folder: Path, config: WarmstartConfig, groups: Sequence[Sequence[SFTExample]], heldout: Sequence[SFTExample]
-) -> tuple[SFTState, dict[str, Any]]:
-    """Where the committed adapter at `folder` stopped, when it is an earlier session of this very run: the same
-    settings but the length and the time budget, the same training questions (so the seeded order is the same, and
-    the examples after its step are ones it never saw) and the same held-out questions. Returns the state to go on
-    from and the manifest (its files checked against their sha256)."""
-    from services.trainer.sft import SFTState
+class Continuation(BaseModel):
+    """A run going on from a committed adapter of itself (a new machine: only git survived), kept in the state dir
+    so that `--resume` goes on with the same split and order."""
 
+    adapter: str
+    version: str
+    files: dict[str, str]
+    heldout: list[str] = Field(description="'dataset:id' held out by the adapter's run: held out again")
+    first: list[str] = Field(description="'dataset:id' the adapter trained on, in its order: they open this order")
+    state: dict[str, Any] = Field(description="The SFTState the adapter stopped at")
+
+
+def adapter_seen(manifest: dict[str, Any], config: WarmstartConfig) -> list[str]:
+    """The questions an adapter trained on, in order: its manifest's `seen`, or, for an adapter written before the
+    manifest kept it, its run's seeded order recomputed from the manifest's question ids (checked: the same draw
+    must give the held-out ids the manifest lists)."""
+    from services.trainer.sft import training_order
+
+    seen = manifest["data"].get("seen")
+    if seen is None:
+        keys = [f"{d}:{i}" for d, ids in manifest["data"]["trained_ids"].items() for i in ids]
+        held, trained = heldout_draw(keys + manifest["data"]["heldout_ids"], config)
+        if sorted(held) != sorted(manifest["data"]["heldout_ids"]):
+            raise ValueError("the adapter's order cannot be recomputed from its manifest: another draw")
+        stand_ins = [[SFTExample(id=k.split(":", 1)[1], dataset=k.split(":", 1)[0], input_ids=[0], loss_mask=[0],
+                                 kind=config.recipe, variant=0, searches=[], answer="", answer_shown=False)]
+                     for k in trained]  # fmt: skip
+        order = training_order(stand_ins, manifest["config"]["epochs"], config.seed)
+        seen = [f"{e.dataset}:{e.id}" for e in order[: manifest["training"]["examples_seen"]]]
+    if len(set(seen)) != len(seen):
+        raise ValueError("the adapter trained past its first epoch: continue it on the machine that holds its state")
+    return seen
+
+
+def continuation(folder: Path, config: WarmstartConfig) -> Continuation:
+    """Where the committed adapter at `folder` stopped, when it is an earlier session of this very run: the same
+    settings but the length and the time budget (its files checked against their sha256). Its examples may be
+    rebuilt here with other distractors (another machine's index), so its held-out questions and the order of what
+    it trained on are carried over, not recomputed: the examples after its step are ones it never saw."""
     manifest = verify_adapter(folder)
     saved = json.loads(json.dumps({k: v for k, v in manifest["config"].items() if k not in CONTINUABLE}))
     now = json.loads(json.dumps(config.model_dump(exclude=CONTINUABLE)))
@@ -525,20 +567,15 @@ def continuation(
     if changed:
         raise ValueError(f"{folder} was trained with other settings ({', '.join(changed)}): only "
                          f"{' and '.join(sorted(CONTINUABLE))} may change to continue it")  # fmt: skip
-    trained: dict[str, set[str]] = {}
-    for group in groups:
-        trained.setdefault(group[0].dataset, set()).add(group[0].id)
-    if {d: set(ids) for d, ids in manifest["data"]["trained_ids"].items()} != trained:
-        raise ValueError(f"{folder} was trained on other questions than this run's: its order is not this one")
-    if sorted(manifest["data"]["heldout_ids"]) != sorted(f"{e.dataset}:{e.id}" for e in heldout):
-        raise ValueError(f"{folder} held out other questions than this run: its held-out loss would not compare")
     training = manifest["training"]
-    state = SFTState(
-        step=training["steps"], total_steps=training["total_steps"], examples_seen=training["examples_seen"],
-        tokens_seen=training["tokens_seen"], wall_s=training["wall_s"], heldout=training["heldout_loss"],
-        sessions=training["sessions"], prior_curve=training.get("prior_loss_curve", []) + training["loss_curve"],
-    )  # fmt: skip
-    return state, manifest
+    state = {
+        "step": training["steps"], "total_steps": training["total_steps"], "examples_seen": training["examples_seen"],
+        "tokens_seen": training["tokens_seen"], "wall_s": training["wall_s"], "heldout": training["heldout_loss"],
+        "sessions": training["sessions"], "prior_curve": training.get("prior_loss_curve", []) + training["loss_curve"],
+    }  # fmt: skip
+    return Continuation(adapter=str(folder), version=manifest["version"], files=manifest["files"],
+                        heldout=manifest["data"]["heldout_ids"], first=adapter_seen(manifest, config),
+                        state=state)  # fmt: skip
 
 
 def load_adapter_weights(model: Any, folder: Path) -> None:
@@ -576,7 +613,7 @@ def run_warmstart(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from services.trainer.device import Placement
-    from services.trainer.sft import checkpoint_folder, train, write_state_files
+    from services.trainer.sft import SFTState, checkpoint_folder, question_key, train, training_order, write_state_files
 
     if checkpoint_folder(state_dir) is not None and not resume:
         raise ValueError(f"{state_dir} holds a run: pass --resume to go on with it, or another --state-dir")
@@ -601,7 +638,14 @@ def run_warmstart(
                 examples_cache.write_text("".join(e.model_dump_json() + "\n" for e in examples))
         write_state_files(state_dir, config, examples)
     build_s = time.monotonic() - started
-    groups, heldout = split_heldout(examples, config)
+    plan_file = state_dir / CONTINUATION_FILE
+    fresh = continue_from is not None and checkpoint_folder(state_dir) is None
+    if fresh:
+        plan: Continuation | None = continuation(continue_from, config)
+        plan_file.write_text(plan.model_dump_json(indent=1) + "\n")
+    else:
+        plan = Continuation.model_validate_json(plan_file.read_text()) if plan_file.exists() else None
+    groups, heldout = split_heldout(examples, config, heldout_keys=plan.heldout if plan else None)
 
     model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
     model.config.use_cache = False
@@ -613,13 +657,14 @@ def run_warmstart(
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lora)
-    continued, origin = None, None
-    if continue_from is not None and checkpoint_folder(state_dir) is None:
-        continued, origin = continuation(continue_from, config, groups, heldout)
-        load_adapter_weights(model, continue_from)
+    continued = None
+    if fresh and plan is not None:
+        load_adapter_weights(model, Path(plan.adapter))
+        continued = SFTState.model_validate(plan.state)
+    first = plan.first if plan else []
     placement = Placement.resolve(device, cpu_bf16=True)
     model.to(placement.device)
-    state = train(model, groups, heldout, config, placement, state_dir, resume=resume, continued=continued)
+    state = train(model, groups, heldout, config, placement, state_dir, resume=resume, continued=continued, first=first)
     model.to("cpu")  # the adapter is written from the CPU (write_adapter casts it to bf16 there)
     trained: dict[str, set[str]] = {}
     for group in groups:
@@ -637,6 +682,9 @@ def run_warmstart(
             "qa_dir": str(qa_dir),
             "trained_ids": {d: sorted(ids) for d, ids in trained.items()},
             "heldout_ids": sorted(f"{e.dataset}:{e.id}" for e in heldout),
+            "seen": [question_key(e) for e in training_order(groups, config.epochs, config.seed, first)][
+                : state.examples_seen
+            ],
             "hold_out_ids": sorted(config.hold_out),
             "examples": data_summary(examples),
             "build_s": round(build_s, 1),
@@ -661,15 +709,8 @@ def run_warmstart(
             "device": placement.describe(),
         },
         **(
-            {
-                "continued_from": {
-                    "adapter": str(continue_from),
-                    "version": origin["version"],
-                    "files": origin["files"],
-                    "step": continued.step,
-                }
-            }
-            if origin and continued
+            {"continued_from": {**plan.model_dump(include={"adapter", "version", "files"}), "step": plan.state["step"]}}
+            if plan
             else {}
         ),
     }

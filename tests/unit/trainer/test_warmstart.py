@@ -14,6 +14,7 @@ from services.modeling.prompt import build_prompt, format_information
 from services.retriever.inprocess import InProcessRetriever
 from services.trainer.warmstart import (
     PoolItem,
+    SFTExample,
     Shown,
     WarmstartConfig,
     build_examples,
@@ -197,3 +198,41 @@ def test_a_cached_example_set_is_used_only_for_the_same_draw(tmp_path, tokenizer
     # a kept question that is not in the training pool (e.g. from the evaluation split) is refused
     with pytest.raises(SplitViolation, match="not training-pool questions"):
         cached_examples(cache, {"hotpotqa": pool[1:]}, pool[1:])
+
+
+def test_an_adapters_order_is_recomputed_from_its_manifest_and_its_held_out_kept():
+    from services.trainer.sft import question_key, training_order
+    from services.trainer.warmstart import adapter_seen
+
+    examples = [
+        SFTExample(id=f"q{i}", dataset="nq", input_ids=[1, 2, 3], loss_mask=[0, 1, 1], kind="reading", variant=0,
+                   searches=["q"], answer="a", answer_shown=True)
+        for i in range(40)
+    ]  # fmt: skip
+    config = WarmstartConfig(heldout=5, seed=3)
+    groups, heldout = split_heldout(examples, config)
+    order = training_order(groups, 1.0, config.seed)
+    manifest = {
+        "config": config.model_dump(),
+        "data": {"trained_ids": {"nq": [g[0].id for g in groups]}, "heldout_ids": [question_key(e) for e in heldout]},
+        "training": {"examples_seen": 12},
+    }
+    assert adapter_seen(manifest, config) == [question_key(e) for e in order[:12]]
+    manifest["data"]["heldout_ids"] = manifest["data"]["heldout_ids"][1:] + ["nq:q-other"]
+    with pytest.raises(ValueError, match="another draw"):
+        adapter_seen(manifest, config)
+
+    # rebuilt elsewhere, one question it did not see yet is now too long: its held-out questions are kept the same
+    long_id = order[20].id
+    rebuilt = [e.model_copy(update={"input_ids": [1] * 5000}) if e.id == long_id else e for e in examples]
+    keep = [question_key(e) for e in heldout]
+    groups2, heldout2 = split_heldout(rebuilt, config, heldout_keys=keep)
+    assert [question_key(e) for e in heldout2] == keep and len(groups2) == 34
+    with pytest.raises(ValueError, match="no example in this build"):
+        split_heldout(rebuilt, config, heldout_keys=[*keep, f"nq:{long_id}"])
+
+    # the questions it saw open the continued order, once each; the rest follow
+    first = [question_key(e) for e in order[:12]]
+    continued = training_order(groups2, 1.0, config.seed, first=first)
+    keys = [question_key(e) for e in continued]
+    assert keys[:12] == first and len(keys) == len(set(keys)) == 34

@@ -64,18 +64,6 @@ def test_the_demo_trains_on_questions_neither_evaluated_nor_warm_started():
         assert not evaluation & set(demo)
 
 
-def _examples_of(manifest: dict, key: str) -> list:
-    from services.trainer.warmstart import SFTExample
-
-    def example(dataset: str, qid: str) -> SFTExample:
-        return SFTExample(id=qid, dataset=dataset, input_ids=[1, 2], loss_mask=[0, 1], kind="reading", variant=0,
-                          searches=["q"], answer="a", answer_shown=True)  # fmt: skip
-
-    if key == "trained_ids":
-        return [[example(d, i)] for d, ids in manifest["data"]["trained_ids"].items() for i in ids]
-    return [example(*q.split(":", 1)) for q in manifest["data"]["heldout_ids"]]
-
-
 def test_the_reading_adapter_continues_only_as_the_run_it_came_from():
     from services.trainer.warmstart import WarmstartConfig, continuation
 
@@ -83,17 +71,17 @@ def test_the_reading_adapter_continues_only_as_the_run_it_came_from():
     if not folder.exists():
         pytest.skip(f"{folder} is not committed")
     manifest = verify_adapter(folder)
-    groups, heldout = _examples_of(manifest, "trained_ids"), _examples_of(manifest, "heldout_ids")
-    config = WarmstartConfig.model_validate({**manifest["config"], "epochs": 0.5, "max_minutes": 10})
-    state, origin = continuation(folder, config, groups, heldout)
-    assert state.step == manifest["training"]["steps"] > 0 and origin["version"] == manifest["version"]
-    assert state.heldout == manifest["training"]["heldout_loss"] and state.wall_s > 0
+    config = WarmstartConfig.model_validate({**manifest["config"], "epochs": 0.9, "max_minutes": 10})
+    plan = continuation(folder, config)
+    training = manifest["training"]
+    assert plan.state["step"] == training["steps"] > 0 and plan.version == manifest["version"]
+    assert plan.heldout == manifest["data"]["heldout_ids"] and plan.state["heldout"] == training["heldout_loss"]
+    # what it trained on, in order: distinct training questions, none held out, as many as it saw
+    assert len(plan.first) == len(set(plan.first)) == training["examples_seen"]
+    trained = {f"{d}:{i}" for d, ids in manifest["data"]["trained_ids"].items() for i in ids}
+    assert set(plan.first) <= trained and not set(plan.first) & set(plan.heldout)
     with pytest.raises(ValueError, match="template_weight"):
-        continuation(folder, config.model_copy(update={"template_weight": 0.5}), groups, heldout)
-    with pytest.raises(ValueError, match="other questions"):
-        continuation(folder, config, groups[1:], heldout)
-    with pytest.raises(ValueError, match="held out other"):
-        continuation(folder, config, groups, heldout[1:])
+        continuation(folder, config.model_copy(update={"template_weight": 0.5}))
 
 
 def test_the_committed_lora_loads_into_the_base_as_it_was_saved(policy_models_root):
