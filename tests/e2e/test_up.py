@@ -69,6 +69,16 @@ def test_up_serves_trains_and_stops_cleanly(tmp_path, policy_models_root):
                          if line.startswith("redis "))  # fmt: skip
         train_env = {**env, "REDIS_URL": redis_url, "BRIDGE_TRAINER_POLICY_URL": policy,
                      "BRIDGE_TRAINER_RETRIEVER_URL": f"http://127.0.0.1:{retriever_port}"}  # fmt: skip
+        # `up` serves greedy retrieval: a live BRIDGE run could never train the retriever on it, so it is refused at
+        # start, in one line, before anything is written or queued
+        live = subprocess.run(
+            [sys.executable, "-m", "services.cli.main", "train", "--source", "live", "--run-id", "up-live"],
+            env=train_env, cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert live.returncode == 2, live.stdout + live.stderr
+        assert "Traceback" not in live.stderr and live.stderr.count("error:") == 1
+        assert live.stderr.strip().splitlines()[-1].startswith("error: the policy service serves greedy retrieval")
+        assert not (data_dir / "runs" / "up-live").exists()
         run = subprocess.run(
             [sys.executable, "-m", "services.cli.main", "train", "--rounds", "1", "--questions-per-round", "2",
              "--group-size", "2", "--max-turns", "1", "--run-id", "up-test"],
