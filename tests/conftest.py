@@ -56,9 +56,14 @@ class RunningService:
 
 
 def start_service(
-    name: str, data_dir: Path, env_extra: dict[str, str], ready_path: str = "/readyz", timeout: float = 180
+    name: str,
+    data_dir: Path,
+    env_extra: dict[str, str],
+    ready_path: str = "/readyz",
+    timeout: float = 180,
+    port: int | None = None,
 ) -> RunningService:
-    port = free_port()
+    port = port or free_port()
     token = "test-admin-token"
     env = {**os.environ, "BRIDGE_DATA_DIR": str(data_dir), "BRIDGE_ADMIN_TOKEN": token, **env_extra}
     log_path = data_dir / f"{name}.log"

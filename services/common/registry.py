@@ -293,6 +293,44 @@ class CheckpointRegistry(Generic[W]):
             raise Conflict("there is no previous version to roll back to")
         return await self.activate(self.table.previous)
 
+    # ---------------------------------------------------------------- two-phase (services.common.replicas)
+    async def make_ready(self, version: str) -> None:
+        """Load `version` and prepare it to serve (a re-embed where its loader needs one), without making it
+        active: the first phase of a swap that several replicas commit together. Raises why it cannot serve."""
+        async with self._lock:
+            if version not in self.table.checkpoints:
+                raise NotFound(f"{self.loader.noun} version {version!r} is not registered", param="version")
+            weights = await self.load(version)
+            if self.loader.is_ready(self, version):
+                self._kept.add(version)  # loaded for the commit: not drained before it
+                return
+            if self.pending is not None:
+                raise Conflict(f"version {self.pending} is still {self.loader.preparing}; try again later")
+            self._set_state(version, "embedding")
+            self._save()
+            self.pending = version
+        try:
+            await self.loader.prepare(self, version, weights)
+        except Exception as exc:
+            async with self._lock:
+                await self.loader.abandon(self, version)
+                self._set_state(version, "failed", f"{type(exc).__name__}: {exc}"[:2000])
+                self._save()
+            raise
+        finally:
+            self.pending = None
+        async with self._lock:
+            self._set_state(version, "ready")
+            self._kept.add(version)
+            self._save()
+
+    async def commit(self, version: str) -> None:
+        """The second phase: `version` (made ready) is what new requests get from here on."""
+        async with self._lock:
+            if version != self.table.active:
+                await self._flip(version)
+        await self._drain()
+
     def listing(self) -> CheckpointList:
         return CheckpointList(
             active=self.table.active,

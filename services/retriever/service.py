@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.errors import Conflict, NotFound
+from services.common.errors import Conflict, NotFound, NotReady
 from services.common.registry import CheckpointRegistry
-from services.common.schemas.checkpoints import RegisteredCheckpoint
+from services.common.replicas import ReplicaConfig, ReplicaGroup
+from services.common.schemas.checkpoints import ActivationResponse, RegisteredCheckpoint
 from services.common.schemas.retriever import (
     Candidate,
     Document,
@@ -76,17 +77,33 @@ class RetrieverService:
             settings.checkpoint_root,
             keep_pinned=settings.pinned_versions,
         )
+        self.group = self._replica_group(settings)
         self._search_pool = ThreadPoolExecutor(1, thread_name_prefix="search")
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="write")
         self._batcher = MicroBatcher(self._search_batch, self._search_pool, wait_s=settings.batch_wait_ms / 1000,
                                      max_wait_s=settings.batch_max_wait_ms / 1000, on_batch=on_batch)  # fmt: skip
 
+    def _replica_group(self, settings: RetrieverSettings) -> ReplicaGroup | None:
+        if settings.replica_group is None:
+            return None
+        if not settings.redis_url:
+            raise ValueError("BRIDGE_RETRIEVER_REPLICA_GROUP needs REDIS_URL: the replicas swap through Redis")
+        import socket
+
+        config = ReplicaConfig(group=settings.replica_group, lag_bound_s=settings.replica_lag_bound_s,
+                               replica_id=settings.replica_id or f"{socket.gethostname()}:{settings.port}")  # fmt: skip
+        return ReplicaGroup(settings.redis_url, config, self.checkpoints)
+
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         await self.checkpoints.restore(previous=False)
+        if self.group is not None:  # on the group's version before this replica says it is ready
+            await self.group.start()
         self._batcher.start()
 
     async def stop(self) -> None:
+        if self.group is not None:
+            await self.group.stop()
         await self._batcher.stop()
         await self.checkpoints.close(timeout=60)
         self._search_pool.shutdown(wait=True)
@@ -117,7 +134,17 @@ class RetrieverService:
                     hits[n] = row_hits[: items[n][1]]
         return hits
 
+    async def check_in_rotation(self) -> None:
+        """In a replica group, a replica behind the group's version takes no unpinned request (a 503 the load
+        balancer retries at another replica), so nothing is answered at an older version than the group's."""
+        if self.group is not None:
+            serving, why = await self.group.in_rotation()
+            if not serving:
+                raise NotReady(f"out of rotation: {why}", code="replica_lagging")
+
     async def search(self, request: SearchRequest) -> SearchResponse:
+        if request.version is None:
+            await self.check_in_rotation()
         if request.version is not None and request.version not in self.checkpoints.table.checkpoints:
             raise Conflict(f"retriever version {request.version!r} is not registered here", param="version",
                            code="version_not_registered")  # fmt: skip
@@ -208,10 +235,24 @@ class RetrieverService:
     async def register(self, path: str, strict_lineage: bool = False) -> RegisteredCheckpoint:
         """A parent this deployment has never seen is metadata, not an error (unless `strict_lineage`): a query-only
         checkpoint then embeds with the base document tower, and the response says so."""
-        manifest = await self.checkpoints.register(path, strict_lineage=strict_lineage)
+        if self.group is not None:
+            manifest = await self.group.register(path, strict_lineage=strict_lineage)
+        else:
+            manifest = await self.checkpoints.register(path, strict_lineage=strict_lineage)
         parent_known = manifest.parent is None or manifest.parent in self.checkpoints.table.checkpoints
         notes = [] if parent_known else [
             f"parent version {manifest.parent} is not registered here: kept as lineage metadata"
             + ("" if manifest.kind == "retriever-full" else "; queries are searched in the base document index")
         ]  # fmt: skip
         return RegisteredCheckpoint(**manifest.model_dump(), parent_known=parent_known, notes=notes)
+
+    async def activate(self, version: str) -> ActivationResponse:
+        """In a replica group: every replica prepares `version`, then all commit it (services/common/replicas.py)."""
+        if self.group is not None:
+            return await self.group.activate(version)
+        return await self.checkpoints.activate(version)
+
+    async def rollback(self) -> ActivationResponse:
+        if self.group is not None:
+            return await self.group.rollback()
+        return await self.checkpoints.rollback()

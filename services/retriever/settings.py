@@ -35,6 +35,15 @@ class RetrieverSettings(CommonSettings):
         description="Versions that requests pin (`version`, not the active one) kept loaded after their request, the "
         "least recently pinned dropped first; 0: loaded and sha-checked again for every request.",
     )
+    replica_group: str | None = Field(
+        None,
+        description="Replicas with this group name (and one REDIS_URL) hot-swap as one: a checkpoint registered or "
+        "activated at any of them reaches all, prepared first, then committed together (services/common/replicas.py).",
+    )
+    replica_id: str | None = Field(None, description="This replica's name in its group (default: <hostname>:<port>).")
+    replica_lag_bound_s: float = Field(
+        30.0, gt=0, le=3600, description="How long a swap waits for a slow replica before committing without it."
+    )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Larger request bodies get a 413.")
     batch_wait_ms: float = Field(
         1.0,

@@ -52,3 +52,6 @@ class ActivationResponse(BaseModel):
     previous: str | None
     pending: str | None = None
     status: str = Field(description="'active', or 'reindexing' while a new document tower embeds the corpus.")
+    replicas: dict[str, str] | None = Field(
+        None, description="In a replica group: each replica's report on this swap (committed, failed: why, ...)."
+    )

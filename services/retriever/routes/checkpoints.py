@@ -30,7 +30,7 @@ async def register_checkpoint(body: RegisterCheckpointRequest, service: Service)
 
 @router.post("/rollback", response_model=ActivationResponse, dependencies=[Admin])
 async def rollback(service: Service) -> ActivationResponse:
-    return await service.checkpoints.rollback()
+    return await service.rollback()
 
 
 ACTIVATE_ERRORS = {
@@ -42,4 +42,4 @@ ACTIVATE_ERRORS = {
 
 @router.post("/{version}/activate", response_model=ActivationResponse, dependencies=[Admin], responses=ACTIVATE_ERRORS)
 async def activate(version: VersionPath, service: Service) -> ActivationResponse:
-    return await service.checkpoints.activate(version)
+    return await service.activate(version)

@@ -9,6 +9,7 @@ router = APIRouter()
 
 @router.get("/readyz")
 async def readyz(service: Service) -> dict:
+    await service.check_in_rotation()  # a replica behind its group's version: a 503, so the balancer drains it
     count = service.document_count()  # touches the index
     return {"status": "ready", "retriever_version": service.active.version, "documents": count}
 

@@ -1,0 +1,89 @@
+"""HAProxy in front of a service's replicas (issue 42): one address, health-checked on /readyz, with retries.
+
+A replica that is down (a refused connection) or out of rotation (a 503: behind its group's checkpoint version,
+services/common/replicas.py) gets no new requests once its check fails, and a request it refuses before that is
+retried at another replica (`retry-on`), so a swap or a crashed replica costs a client nothing. Debian's haproxy
+(`apt-get install haproxy`); never a hand-written proxy.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+
+def haproxy_config(port: int, backends: Sequence[tuple[str, int]], *, host: str = "127.0.0.1",
+                   check_ms: int = 500) -> str:  # fmt: skip
+    """An HTTP load balancer on host:port over `backends` ((host, port) each), round robin, /readyz checks."""
+    servers = "\n".join(f"  server r{n} {h}:{p} check" for n, (h, p) in enumerate(backends))
+    return f"""global
+  maxconn 1024
+
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 600s
+  timeout server 600s
+  retries 3
+  option redispatch 1
+  option http-buffer-request
+  retry-on conn-failure empty-response response-timeout 503
+
+frontend bridge
+  bind {host}:{port}
+  default_backend replicas
+
+backend replicas
+  balance roundrobin
+  option httpchk GET /readyz
+  http-check expect status 200
+  default-server inter {check_ms}ms fall 1 rise 2
+{servers}
+"""
+
+
+class Balancer:
+    """A running haproxy process over `backends`; `url` is the one address clients use."""
+
+    def __init__(self, port: int, backends: Sequence[tuple[str, int]], folder: Path) -> None:
+        binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+        if not Path(binary).exists():
+            raise FileNotFoundError("haproxy is not installed (Debian: apt-get install haproxy)")
+        folder.mkdir(parents=True, exist_ok=True)
+        self.config_path = folder / "haproxy.cfg"
+        self.config_path.write_text(haproxy_config(port, backends))
+        check = subprocess.run([binary, "-c", "-f", str(self.config_path)], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise ValueError(f"haproxy refused its configuration: {check.stdout}{check.stderr}")
+        self.log = (folder / "haproxy.log").open("w")
+        self.process = subprocess.Popen([binary, "-db", "-f", str(self.config_path)], stdout=self.log,
+                                        stderr=subprocess.STDOUT)  # fmt: skip
+        self.url = f"http://127.0.0.1:{port}"
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        """Until a request through it reaches a ready replica."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"haproxy exited with {self.process.returncode}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"no replica ready behind {self.url} after {timeout}s")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
