@@ -256,6 +256,67 @@ def plot_loss(
     typer.echo(f"wrote {out}")
 
 
+def oracle_em_by_tokens(specs: list[str]) -> dict[str, list[tuple[float, float]]]:
+    """`TOKENS=RESULTS` specs -> dataset -> [(millions of training tokens, oracle EM)], sorted by tokens."""
+    import gzip
+
+    points: dict[str, list[tuple[float, float]]] = {}
+    for spec in specs:
+        tokens, sep, path = spec.partition("=")
+        if not sep or not tokens.isdigit():
+            raise typer.BadParameter(f"{spec!r}: expected TOKENS=RESULTS, e.g. 1788777=eval/results.jsonl")
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+        by_dataset: dict[str, list[float]] = {}
+        for row in rows:
+            if row["mode"] == "oracle":
+                by_dataset.setdefault(row["dataset"], []).append(float(row["em"]))
+        for dataset, ems in by_dataset.items():
+            points.setdefault(dataset, []).append((int(tokens) / 1e6, sum(ems) / len(ems)))
+    return {dataset: sorted(xy) for dataset, xy in sorted(points.items())}
+
+
+@app.command("plot-reading")
+def plot_reading(
+    oracle: Annotated[
+        list[str],
+        typer.Option(
+            help="TOKENS=RESULTS: an oracle eval's results.jsonl(.gz) of the adapter after TOKENS training "
+            "tokens (repeatable)."
+        ),  # fmt: skip
+    ],
+    adapter: Annotated[str, typer.Option(help="The adapter whose held-out answer NLL is drawn.")] = "reading",
+    out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("docs/warmstart/reading-oracle.png"),
+) -> None:
+    """Issue 38's plot: the held-out answer NLL (the adapter's manifest) and oracle EM per dataset (eval files of
+    its earlier checkpoints), both against training tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
+
+    training = verify_adapter(SHIPPED_ADAPTERS.get(adapter, Path(adapter)))["training"]
+    per_example = training["tokens_seen"] / max(training["examples_seen"], 1)  # for points recorded without tokens
+    held = [(h.get("tokens", h["examples"] * per_example) / 1e6, h["answer_loss"]) for h in training["heldout_loss"]]
+    points = oracle_em_by_tokens(oracle)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot([x for x, _ in held], [y for _, y in held], marker="s")
+    left.set(xlabel="training tokens (millions)", ylabel="nats per answer token",
+             title="held-out answer NLL (held-out training questions)")  # fmt: skip
+    for dataset, xy in points.items():
+        right.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=dataset)
+    right.axhline(0.40, color="grey", linestyle="--", linewidth=0.8, label="nq floor (issue 38)")
+    right.set(xlabel="training tokens (millions)", ylabel="EM", title="oracle EM (evaluation split, n = 100)")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    typer.echo(f"wrote {out}")
+
+
 @app.command("from-service")
 def from_service(
     eval_dir: Annotated[Path, typer.Option(help="The --out folder of a `bridge-rl eval --mode agent` run.")],
