@@ -37,6 +37,7 @@ from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import q_target
 from services.trainer.models import RetrieverModel
+from services.trainer.reading import contains_gold
 
 DISTRIBUTIONS = ("student", "teacher", "posterior")
 BETA_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -66,6 +67,7 @@ def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list
         is_gold = torch.tensor([c in gold for c in candidates])
         out.append({
             "item": record.item_id, "candidates": candidates, "gold": is_gold.tolist(),
+            "holds_answer": holds_answer(candidates, by_item[record.item_id]["golden_answers"], docs),
             "answer_logprobs": answer_lp.tolist(), "log_prior": q.log_prior.tolist(),
             **{f"mass/{k}": float(v[is_gold].sum()) for k, v in dists.items()},
             **{f"top_gold/{k}": bool(is_gold[int(v.argmax())]) for k, v in dists.items()},
@@ -73,7 +75,61 @@ def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list
     return out
 
 
-def summarise(scored: list[dict]) -> dict:
+def holds_answer(candidates: list[str], golden_answers: list[str], docs: dict[str, tuple[str, str]]) -> list[bool]:
+    """Per candidate: does its title or text hold a gold alias? A multi-hop question's bridge passage is gold
+    (supporting) without holding y*, and a non-supporting passage may hold it: the teacher scores y*, so this is
+    what it can know."""
+    return [contains_gold(golden_answers, " ".join(docs.get(c, ("", "")))) for c in candidates]
+
+
+def answer_view(scored: list[dict], beta_q: float) -> dict:
+    """The three distributions judged by the answer-bearing candidates instead of the supporting ones, on the
+    questions where some candidates hold y* and some do not."""
+    informative = [s for s in scored if 0 < sum(s["holds_answer"]) < len(s["holds_answer"])]
+    view: dict = {"informative": len(informative)}
+    if not informative:
+        return view
+    masses: dict[str, list[float]] = {}
+    for name in DISTRIBUTIONS:
+        masses[name] = []
+        top = []
+        for s in informative:
+            dist = distribution(s, name, beta_q)
+            holds = torch.tensor(s["holds_answer"])
+            masses[name].append(float(dist[holds].sum()))
+            top.append(bool(holds[int(dist.argmax())]))
+        interval = bootstrap_questions([[m] for m in masses[name]])
+        view[name] = {"answer_mass": interval.value, "ci95": [interval.low, interval.high],
+                      "top_holds_answer": float(np.mean(top))}  # fmt: skip
+    for name in ("teacher", "posterior"):
+        test = sign_test(masses["student"], masses[name])
+        view[name]["vs_student"] = {"more": test.better, "less": test.worse, "p": test.p}
+    return view
+
+
+def distribution(s: dict, name: str, beta_q: float) -> torch.Tensor:
+    """One of the three distributions over a question's candidates, from its stored log-probs (no forward)."""
+    log_prior, answer_lp = torch.tensor(s["log_prior"]), torch.tensor(s["answer_logprobs"])
+    if name == "student":
+        return log_prior.exp()
+    return q_target(answer_lp, beta_q, log_prior if name == "posterior" else None)
+
+
+def rescore(path: Path, qa_dir: Path, datasets: list[str], corpus_dir: Path) -> tuple[dict, list[dict]]:
+    """A stored results.json (scored before `holds_answer` was recorded) with the answer-bearing flags added."""
+    stored = json.loads(path.read_text())
+    answers = {}
+    for dataset in datasets:
+        for line in (qa_dir / f"{dataset}.jsonl").open():
+            row = json.loads(line)
+            answers[str(row["id"])] = row["golden_answers"]
+    docs = load_corpora(corpus_dir)
+    for s in stored["questions"]:
+        s["holds_answer"] = holds_answer(s["candidates"], answers[s["item"]], docs)
+    return stored, stored["questions"]
+
+
+def summarise(scored: list[dict], beta_q: float = 1.0) -> dict:
     informative = [s for s in scored if 0 < sum(s["gold"]) < len(s["gold"])]
     summary = {"questions": len(scored), "informative": len(informative),
                "no_gold_in_candidates": sum(1 for s in scored if not any(s["gold"])),
@@ -94,6 +150,8 @@ def summarise(scored: list[dict]) -> dict:
             for s in informative]  # fmt: skip
     summary["answer_logprob_gap_gold_minus_other"] = float(np.mean(gaps))
     summary["posterior_by_beta_q"] = {str(beta): posterior_gold_mass(informative, beta) for beta in BETA_GRID}
+    if all("holds_answer" in s for s in scored):
+        summary["answer_bearing"] = answer_view(scored, beta_q)
     return summary
 
 
@@ -127,6 +185,18 @@ def report(summary: dict, args, elapsed: float) -> str:
                   "posterior gold mass by beta_Q (student: "
                   f"{summary['student']['gold_mass']:.3f}): "
                   + ", ".join(f"{b}: {m:.3f}" for b, m in summary["posterior_by_beta_q"].items())]  # fmt: skip
+    view = summary.get("answer_bearing")
+    if view and view["informative"]:
+        lines += ["", f"Judged by the candidates that hold y* (a gold alias in the title or text) instead of the "
+                      f"supporting ones: {view['informative']} questions have some that do and some that do not.", "",
+                  "| distribution | mass on answer-bearing candidates (95 % CI) | top candidate holds y* | "
+                  "vs student (more/less, p) |", "|---|---|---|---|"]  # fmt: skip
+        for name in DISTRIBUTIONS:
+            v = view[name]
+            versus = v.get("vs_student")
+            cell = f"+{versus['more']}/−{versus['less']}, p {versus['p']:.2g}" if versus else "—"
+            lines.append(f"| {name} | {v['answer_mass']:.3f} ({v['ci95'][0]:.3f}–{v['ci95'][1]:.3f}) | "
+                         f"{v['top_holds_answer']:.3f} | {cell} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -143,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--adapter", type=Path, help="The policy's LoRA adapter folder (default: the shipped one).")
     parser.add_argument("--retrieval-temperature", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        help="A stored results.json: add the answer-bearing view from its log-probs (no forward).",
+    )
     parser.add_argument("--work", type=Path, default=REPO / ".cache" / "lower-level")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "teacher-quality")
     return parser
@@ -151,6 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = build_parser().parse_args()
     args.command = "python -m experiments.teacher_quality " + shlex.join(sys.argv[1:])
+    if args.rescore:
+        stored, scored = rescore(args.rescore, args.qa_dir, args.train_datasets, args.corpus_dir)
+        summary = summarise(scored, args.beta_q)
+        args.command = f"{stored['command']}`; rescored: `{args.command}"
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps({**stored, "summary": summary}, indent=1))
+        text = report(summary, args, stored["wall_s"])
+        (args.out / "results.md").write_text(text)
+        print(text)
+        return
     args.group, args.top_k, args.rollout_temperature = 1, 3, 1.0  # what `rollouts` reads; nothing is generated
     started = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -165,7 +250,7 @@ def main() -> None:
     for b in tqdm(range(0, len(questions), args.batch), desc="Q_theta", unit="batch"):
         rng = np.random.default_rng(args.seed * 1_000_003 + b)
         scored += score_batch(policy, retriever, doc_vecs, ids, docs, questions[b : b + args.batch], args, rng)
-    summary = summarise(scored)
+    summary = summarise(scored, args.beta_q)
     elapsed = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"command": args.command, "summary": summary,

@@ -56,3 +56,24 @@ def test_teacher_quality_counts_only_questions_that_can_tell_and_compares_gold_m
     by_beta = summary["posterior_by_beta_q"]  # a flat prior: the posterior is the policy's softmax at beta_Q
     assert by_beta["1.0"] == pytest.approx((math.exp(-1) / (math.exp(-1) + math.exp(-3)) + 1 / (1 + math.exp(0.5))) / 2)
     assert by_beta["0.25"] > by_beta["4.0"]  # the sharper policy puts more on the first question's gold
+
+
+def test_teacher_quality_judged_by_the_candidates_that_hold_the_answer():
+    """A multi-hop question's bridge passage is supporting without holding y*: the answer-bearing view scores the
+    three distributions by the candidates that hold a gold alias, from the stored log-probs."""
+    from experiments.teacher_quality import answer_view, holds_answer
+
+    docs = {"bridge": ("Brand (play)", "A play by Henrik Ibsen."), "hop": ("Henrik Ibsen", "Born in Skien, Norway."),
+            "other": ("Skien", "A city in Telemark.")}  # fmt: skip
+    assert holds_answer(["bridge", "hop", "other", "missing"], ["Norway"], docs) == [False, True, False, False]
+    flat = [math.log(0.5), math.log(0.5)]
+    rows = [
+        {**scored([True, True], 1.0, 1.0, 1.0, [-5.0, -1.0]), "log_prior": flat, "holds_answer": [False, True]},
+        {**scored([True, False], 1.0, 1.0, 1.0, [-1.0, -1.0]), "log_prior": flat, "holds_answer": [True, True]},
+    ]  # the second tells nothing: both candidates hold y*
+    view = answer_view(rows, beta_q=1.0)
+    assert view["informative"] == 1
+    assert view["student"]["answer_mass"] == pytest.approx(0.5) and view["student"]["top_holds_answer"] == 0.0
+    assert view["teacher"]["answer_mass"] == pytest.approx(1 / (1 + math.exp(-4.0)))
+    assert view["teacher"]["top_holds_answer"] == 1.0
+    assert view["teacher"]["vs_student"] == {"more": 1, "less": 0, "p": 1.0}
