@@ -165,6 +165,19 @@ def posterior_gold_mass(informative: list[dict], beta_q: float) -> float:
     return float(np.mean(masses))
 
 
+def table_rows(stats: dict, mass: str, top: str, versus_keys: tuple[str, str]) -> list[str]:
+    """One markdown row per distribution: its mass (95 % CI), how often its top candidate counts, and the per-question
+    sign test against the student."""
+    rows = []
+    for name in DISTRIBUTIONS:
+        s = stats[name]
+        versus = s.get("vs_student")
+        more, less = versus_keys
+        cell = f"+{versus[more]}/−{versus[less]}, p {versus['p']:.2g}" if versus else "—"
+        rows.append(f"| {name} | {s[mass]:.3f} ({s['ci95'][0]:.3f}–{s['ci95'][1]:.3f}) | {s[top]:.3f} | {cell} |")
+    return rows
+
+
 def report(summary: dict, args, elapsed: float) -> str:
     lines = [f"# Teacher quality ({elapsed / 60:.1f} min wall)", "", f"`{args.command}`", "",
              f"{summary['questions']} training-pool questions of {', '.join(args.train_datasets)}; "
@@ -174,12 +187,7 @@ def report(summary: dict, args, elapsed: float) -> str:
     if summary["informative"]:
         lines += ["| distribution | gold mass (95 % CI) | top candidate is gold | vs student (more/less, p) |",
                   "|---|---|---|---|"]  # fmt: skip
-        for name in DISTRIBUTIONS:
-            s = summary[name]
-            versus = s.get("vs_student")
-            cell = f"+{versus['more_gold']}/−{versus['less_gold']}, p {versus['p']:.2g}" if versus else "—"
-            lines.append(f"| {name} | {s['gold_mass']:.3f} ({s['ci95'][0]:.3f}–{s['ci95'][1]:.3f}) | "
-                         f"{s['top_is_gold']:.3f} | {cell} |")  # fmt: skip
+        lines += table_rows(summary, "gold_mass", "top_is_gold", ("more_gold", "less_gold"))
         lines += ["", f"mean log pi(y* | x, gold) − log pi(y* | x, other): "
                       f"{summary['answer_logprob_gap_gold_minus_other']:+.3f} nats", "",
                   "posterior gold mass by beta_Q (student: "
@@ -191,12 +199,7 @@ def report(summary: dict, args, elapsed: float) -> str:
                       f"supporting ones: {view['informative']} questions have some that do and some that do not.", "",
                   "| distribution | mass on answer-bearing candidates (95 % CI) | top candidate holds y* | "
                   "vs student (more/less, p) |", "|---|---|---|---|"]  # fmt: skip
-        for name in DISTRIBUTIONS:
-            v = view[name]
-            versus = v.get("vs_student")
-            cell = f"+{versus['more']}/−{versus['less']}, p {versus['p']:.2g}" if versus else "—"
-            lines.append(f"| {name} | {v['answer_mass']:.3f} ({v['ci95'][0]:.3f}–{v['ci95'][1]:.3f}) | "
-                         f"{v['top_holds_answer']:.3f} | {cell} |")  # fmt: skip
+        lines += table_rows(view, "answer_mass", "top_holds_answer", ("more", "less"))
     return "\n".join(lines) + "\n"
 
 
