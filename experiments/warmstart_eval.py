@@ -235,7 +235,8 @@ def plot_loss(
     def tokens(row: dict) -> float:
         return row.get("tokens", row["examples"] * per_example) / 1e3
 
-    curve, held = training["loss_curve"], training["heldout_loss"]
+    # a continued run keeps its earlier sessions' curve apart (`prior_loss_curve`): drawn as one line
+    curve, held = training.get("prior_loss_curve", []) + training["loss_curve"], training["heldout_loss"]
     weighted = manifest["config"].get("template_weight", 1.0) < 1.0
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     label = "training (answer-weighted)" if weighted else "training (agent tokens)"
