@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from bench.script import REPO
 from experiments.lower_level import doc_matrix, frozen_warm_start, load_corpora, rollouts, supporting, train_questions
+from services.eval.split import training_rows
 from services.eval.stats import bootstrap_questions, sign_test
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
@@ -118,11 +119,7 @@ def distribution(s: dict, name: str, beta_q: float) -> torch.Tensor:
 def rescore(path: Path, qa_dir: Path, datasets: list[str], corpus_dir: Path) -> tuple[dict, list[dict]]:
     """A stored results.json (scored before `holds_answer` was recorded) with the answer-bearing flags added."""
     stored = json.loads(path.read_text())
-    answers = {}
-    for dataset in datasets:
-        for line in (qa_dir / f"{dataset}.jsonl").open():
-            row = json.loads(line)
-            answers[str(row["id"])] = row["golden_answers"]
+    answers = {str(row["id"]): row["golden_answers"] for d in datasets for _, row in training_rows(qa_dir, d)}
     docs = load_corpora(corpus_dir)
     for s in stored["questions"]:
         s["holds_answer"] = holds_answer(s["candidates"], answers[s["item"]], docs)
@@ -158,11 +155,9 @@ def summarise(scored: list[dict], beta_q: float = 1.0) -> dict:
 def posterior_gold_mass(informative: list[dict], beta_q: float) -> float:
     """Mean gold mass of the posterior at another beta_Q, from the stored log-probs (no forward): how strongly the
     policy's evidence may re-weight the retriever before it stops helping, chosen on training questions."""
-    masses = []
-    for s in informative:
-        posterior = q_target(torch.tensor(s["answer_logprobs"]), beta_q, torch.tensor(s["log_prior"]))
-        masses.append(float(posterior[torch.tensor(s["gold"])].sum()))
-    return float(np.mean(masses))
+    return float(
+        np.mean([float(distribution(s, "posterior", beta_q)[torch.tensor(s["gold"])].sum()) for s in informative])
+    )
 
 
 def table_rows(stats: dict, mass: str, top: str, versus_keys: tuple[str, str]) -> list[str]:

@@ -212,6 +212,12 @@ def in_process(
         out.write_text(json.dumps({"model_dir": str(model_dir), "summary": summary, "rows": rows}, indent=1))
 
 
+def training_tokens(training: dict, row: dict) -> float:
+    """Training tokens at a curve point of an adapter's manifest; a point recorded without its token count is placed
+    at its examples times the run's mean tokens per example."""
+    return row.get("tokens", row["examples"] * training["tokens_seen"] / max(training["examples_seen"], 1))
+
+
 @app.command("plot-loss")
 def plot_loss(
     adapter: Annotated[str, typer.Option(help="A shipped adapter's name (protocol, reading) or an adapter folder.")] = (
@@ -230,10 +236,9 @@ def plot_loss(
 
     manifest = verify_adapter(SHIPPED_ADAPTERS.get(adapter, Path(adapter)))
     training = manifest["training"]
-    per_example = training["tokens_seen"] / max(training["examples_seen"], 1)
 
     def tokens(row: dict) -> float:
-        return row.get("tokens", row["examples"] * per_example) / 1e3
+        return training_tokens(training, row) / 1e3
 
     # a continued run keeps its earlier sessions' curve apart (`prior_loss_curve`): drawn as one line
     curve, held = training.get("prior_loss_curve", []) + training["loss_curve"], training["heldout_loss"]
@@ -259,18 +264,15 @@ def plot_loss(
 
 def oracle_em_by_tokens(specs: list[str]) -> dict[str, list[tuple[float, float]]]:
     """`TOKENS=RESULTS` specs -> dataset -> [(millions of training tokens, oracle EM)], sorted by tokens."""
-    import gzip
+    from experiments.reading_eval import read
 
     points: dict[str, list[tuple[float, float]]] = {}
     for spec in specs:
         tokens, sep, path = spec.partition("=")
         if not sep or not tokens.isdigit():
             raise typer.BadParameter(f"{spec!r}: expected TOKENS=RESULTS, e.g. 1788777=eval/results.jsonl")
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt") as fh:
-            rows = [json.loads(line) for line in fh if line.strip()]
         by_dataset: dict[str, list[float]] = {}
-        for row in rows:
+        for row in read(Path(path)):
             if row["mode"] == "oracle":
                 by_dataset.setdefault(row["dataset"], []).append(float(row["em"]))
         for dataset, ems in by_dataset.items():
@@ -285,7 +287,7 @@ def plot_reading(
         typer.Option(
             help="TOKENS=RESULTS: an oracle eval's results.jsonl(.gz) of the adapter after TOKENS training "
             "tokens (repeatable)."
-        ),  # fmt: skip
+        ),
     ],
     adapter: Annotated[str, typer.Option(help="The adapter whose held-out answer NLL is drawn.")] = "reading",
     out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("docs/warmstart/reading-oracle.png"),
@@ -300,8 +302,7 @@ def plot_reading(
     from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
 
     training = verify_adapter(SHIPPED_ADAPTERS.get(adapter, Path(adapter)))["training"]
-    per_example = training["tokens_seen"] / max(training["examples_seen"], 1)  # for points recorded without tokens
-    held = [(h.get("tokens", h["examples"] * per_example) / 1e6, h["answer_loss"]) for h in training["heldout_loss"]]
+    held = [(training_tokens(training, h) / 1e6, h["answer_loss"]) for h in training["heldout_loss"]]
     points = oracle_em_by_tokens(oracle)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.plot([x for x, _ in held], [y for _, y in held], marker="s")
