@@ -1,5 +1,6 @@
 """Issue 38's evaluation tables from `bridge-rl eval` result files: a policy's agent EM on every dataset against a
-baseline's (paired per question), and the headroom table (`direct`, `agent`, `oracle`) with its sign tests.
+baseline's (paired per question), and the headroom table (`direct`, `agent`, and each oracle mode the files hold:
+`oracle`, `oracle-search`) with its sign tests.
 
     python -m experiments.reading_eval --results NEW/agent/results.jsonl --results NEW/headroom/results.jsonl \
         --baseline docs/results/warmstart-9ds/results.jsonl.gz --out docs/results/reading-warmstart/eval
@@ -13,6 +14,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from services.common.schemas.policy import ORACLE_MODES
 from services.eval.stats import sign_test
 
 OPEN_DOMAIN = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
@@ -74,18 +76,19 @@ def agent_table(new: dict, old: dict) -> tuple[list[str], dict]:
     return lines, summary
 
 
-def headroom_table(modes: dict) -> tuple[list[str], dict]:
+def headroom_table(modes: dict, oracle: str = "oracle") -> tuple[list[str], dict]:
+    """`oracle`: which oracle mode's rows to set against `direct` and `agent` (`oracle` or `oracle-search`)."""
     lines = [
-        "| dataset | n | direct EM | agent EM | oracle EM | oracle vs direct | oracle vs agent |",
+        f"| dataset | n | direct EM | agent EM | {oracle} EM | {oracle} vs direct | {oracle} vs agent |",
         "|---|---|---|---|---|---|---|",
     ]
     summary = {}
     for dataset in HEADROOM:
-        rows = {m: modes.get(m, {}).get(dataset, {}) for m in ("direct", "agent", "oracle")}
-        if not rows["oracle"]:
+        rows = {m: modes.get(m, {}).get(dataset, {}) for m in ("direct", "agent", oracle)}
+        if not rows[oracle]:
             continue
-        direct, oracle_d, vs_direct = paired(rows["direct"], rows["oracle"])
-        agent, oracle_a, vs_agent = paired(rows["agent"], rows["oracle"])
+        direct, oracle_d, vs_direct = paired(rows["direct"], rows[oracle])
+        agent, oracle_a, vs_agent = paired(rows["agent"], rows[oracle])
         summary[dataset] = {
             "direct": direct,
             "agent": agent,
@@ -93,7 +96,7 @@ def headroom_table(modes: dict) -> tuple[list[str], dict]:
             "vs_direct": vs_direct,
             "vs_agent": vs_agent,
         }
-        n = len(rows["oracle"])
+        n = len(rows[oracle])
         lines.append(f"| {dataset} | {n} | {direct:.3f} | {agent:.3f} | {oracle_a:.3f} | {vs_direct} | {vs_agent} |")
     return lines, summary
 
@@ -107,11 +110,16 @@ def main() -> None:
     modes = by_mode([row for path in args.results for row in read(path)])
     old = by_mode(read(args.baseline))["agent"]
     agent_lines, agent_summary = agent_table(modes["agent"], old)
-    head_lines, head_summary = headroom_table(modes)
-    text = "\n".join(["## agent mode, every dataset", "", *agent_lines, "", "## headroom", "", *head_lines]) + "\n"
+    sections, summary = ["## agent mode, every dataset", "", *agent_lines], {"agent": agent_summary}
+    for oracle in [m for m in ORACLE_MODES if m in modes] or ["oracle"]:
+        head_lines, head_summary = headroom_table(modes, oracle)
+        name = "headroom" if oracle == "oracle" else f"headroom, {oracle}"
+        sections += ["", f"## {name}", "", *head_lines]
+        summary[name] = head_summary
+    text = "\n".join(sections) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"agent": agent_summary, "headroom": head_summary}, indent=1))
+    args.out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     print(text)
 
 

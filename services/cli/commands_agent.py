@@ -17,6 +17,7 @@ class AgentModeName(StrEnum):
     naive_rag = "naive-rag"
     agent = "agent"
     oracle = "oracle"
+    oracle_search = "oracle-search"
 
 
 @app.command()
@@ -35,7 +36,7 @@ def ask(
     """Ask the running agent a question; print its answer, searches and the documents it read."""
     from rich.console import Console
 
-    if mode is AgentModeName.oracle:
+    if mode in (AgentModeName.oracle, AgentModeName.oracle_search):
         raise typer.BadParameter("oracle mode shows a question's supporting passages: use `bridge-rl eval`",
                                  param_hint="--mode")  # fmt: skip
 
@@ -98,7 +99,9 @@ def evaluate(
         typer.Option(
             help="Repeatable. direct: no retrieval; naive-rag: one search with the question; agent; oracle: the "
             "agent shown the question's supporting passages (metadata.supporting_doc_ids) as its first "
-            "<information> block, to set against agent (python -m experiments.headroom). Default: the first three."
+            "<information> block, written as naive-rag's search, before its first turn; oracle-search: those "
+            "passages answer the agent's own first search (an oracle retriever); both to set against agent "
+            "(python -m experiments.headroom). Default: the first three."
         ),
     ] = None,
     policy: Annotated[str | None, typer.Option(help="Serve this policy version while evaluating.")] = None,
@@ -149,6 +152,7 @@ def evaluate(
 
     from services.common.clients.policy import PolicyClient
     from services.common.clients.retriever import RetrieverClient
+    from services.common.schemas.policy import ORACLE_MODES
     from services.eval.data_files import DataFileError
     from services.eval.datasets import items_from_rows, load_items, resolve
     from services.eval.pinning import pinned
@@ -185,7 +189,8 @@ def evaluate(
         items = {d: load_items(qa, d, limit) for d in datasets}
     modes = [m.value for m in mode] if mode else list(MODES)
     oracle_items = {d: [i for i in items[d] if i.supporting_doc_ids] for d in datasets}
-    if "oracle" in modes:  # only a question's supporting passages can be shown: the others are not asked
+    oracle_modes = [m for m in modes if m in ORACLE_MODES]
+    if oracle_modes:  # only a question's supporting passages can be shown: the others are not asked
         no_passages = [d for d in datasets if not oracle_items[d]]
         partial = [f"{d} {len(oracle_items[d])}/{len(items[d])}" for d in datasets
                    if 0 < len(oracle_items[d]) < len(items[d])]  # fmt: skip
@@ -193,13 +198,13 @@ def evaluate(
             typer.echo(f"oracle: skipping {', '.join(no_passages)} (no metadata.supporting_doc_ids in their questions)")
         if partial:
             typer.echo(f"oracle: only the questions with supporting passages: {', '.join(partial)}")
-        if modes == ["oracle"] and not any(oracle_items.values()):
+        if modes == oracle_modes and not any(oracle_items.values()):
             raise typer.BadParameter(f"no question of {datasets} names supporting passages", param_hint="--mode")
     try:  # the split: never score the default policy on questions its warm start trained on
         refuse_trained_questions([(i.dataset, i.id) for d in datasets for i in items[d]], load_shipped_manifest() or {})
     except SplitViolation as exc:
         raise typer.BadParameter(str(exc), param_hint="--limit/--dataset") from exc
-    work = [(item, m) for d in datasets for m in modes for item in (oracle_items[d] if m == "oracle" else items[d])]
+    work = [(item, m) for d in datasets for m in modes for item in (oracle_items[d] if m in ORACLE_MODES else items[d])]
     if resume and out is None:
         raise typer.BadParameter("--resume needs the --out of the run to continue", param_hint="--resume")
     out = out or settings.data_dir / "eval" / time.strftime("%Y%m%d-%H%M%S")

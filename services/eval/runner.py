@@ -10,7 +10,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 from tqdm import tqdm
 
-from services.common.schemas.policy import AgentMode, AgentQueryRequest, AgentQueryResponse
+from services.common.schemas.policy import ORACLE_MODES, AgentMode, AgentQueryRequest, AgentQueryResponse
 from services.eval.datasets import EvalItem
 from services.eval.scoring import ItemResult, answer_scores, cover_score, support_recall
 
@@ -23,14 +23,14 @@ def oracle_doc_ids(item: EvalItem) -> list[str]:
 
 
 def request_for(item: EvalItem, mode: AgentMode, max_turns: int, top_k: int) -> AgentQueryRequest:
-    """The question and, in oracle mode only, the ids of its supporting passages: nothing else of the row (its
+    """The question and, in the oracle modes only, the ids of its supporting passages: nothing else of the row (its
     answers, its other metadata) leaves this process."""
-    oracle = oracle_doc_ids(item) if mode == "oracle" else None
+    oracle = oracle_doc_ids(item) if mode in ORACLE_MODES else None
     return AgentQueryRequest(question=item.question, max_turns=max_turns, top_k=top_k, mode=mode, oracle_doc_ids=oracle)
 
 
 def score(item: EvalItem, mode: str, response: AgentQueryResponse, latency_s: float) -> ItemResult:
-    """Recall and searches count the retriever's answers only: oracle mode's given passages are neither (so its
+    """Recall and searches count the retriever's answers only: the oracle modes' given passages are neither (so their
     recall is that of the searches the policy made after reading them)."""
     steps = [turn.search for turn in response.turns if turn.search and turn.search.mode != "oracle"]
     retrieved = [doc["id"] for step in steps for doc in step.docs]

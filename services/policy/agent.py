@@ -38,7 +38,9 @@ class AgentTask:
     golden_answers: list[str] | None = None
     group_index: int | None = None
     seed: int | None = None
-    oracle_docs: list[Document] | None = None  # oracle mode: shown first, in place of a first search
+    # The oracle modes: shown first, in place of a first search (oracle), or as the answer to the policy's own
+    # first search (oracle-search).
+    oracle_docs: list[Document] | None = None
 
 
 class EventSink:
@@ -59,6 +61,7 @@ class _State:
     record: TrajectoryRecord
     context_ids: list[int]
     done: bool = False
+    oracle_shown: bool = False
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "retrieve_s": 0.0})
 
 
@@ -92,7 +95,8 @@ class AgentRunner:
         models, which rarely emit <search> on their own); it is an observation, masked like the others.
         `search_tool=False` prompts without the search tool (the direct-answer baseline; use max_turns=0).
         `sink`: stream the steps (text deltas, searches, documents) of a one-question run as they happen.
-        A task's `oracle_docs` are shown before its first generation (`_show_oracle`; use initial_search=False).
+        A task's `oracle_docs` are shown before its first generation (`_show_oracle`; use initial_search=False),
+        or, with mode="oracle-search", returned by the policy's own first search in place of the retriever's.
         A turn joins the record only once its generation is whole, so a cancelled run leaves no half turn."""
         tokenizer = self.engine.tokenizer
         states = []
@@ -127,9 +131,10 @@ class AgentRunner:
             states.append(_State(task, record, list(prompt_ids)))
         if sink is not None:
             sink.records = [s.record for s in states]
+        oracle_answers_search = mode == "oracle-search"
         for state in states:
-            if state.task.oracle_docs is not None:
-                self._show_oracle(state, state.task.oracle_docs, sink)
+            if state.task.oracle_docs is not None and not oracle_answers_search:
+                self._show_oracle(state, state.task.question, sink)
 
         if initial_search and states:
             for state in states:
@@ -178,6 +183,8 @@ class AgentRunner:
                 query = None if final else parse_search(generation.text)
                 if query is None:
                     state.done = True
+                elif oracle_answers_search and state.task.oracle_docs is not None and not state.oracle_shown:
+                    self._show_oracle(state, query, sink)
                 else:
                     searches.append((state, query))
             if searches:
@@ -190,16 +197,24 @@ class AgentRunner:
             results.append((state.record, state.timings))
         return results
 
-    def _show_oracle(self, state: _State, docs: list[Document], sink: EventSink | None) -> None:
-        """Oracle mode (an evaluation's measurement of what better evidence is worth): `docs` stand for a first
-        search with the question, written exactly as the scaffold writes its search (the call, then the
-        <information> block of a retrieval result), so that only the passages differ. Only titles and texts
-        reach the model; the observation is masked like every other."""
-        query = state.task.question
-        observation = f"<search> {query} </search>" + format_information([(d.title, d.text) for d in docs])
-        observation_ids = self.engine.tokenizer(observation, add_special_tokens=False)["input_ids"]
-        step = SearchStep(
-            turn=0,
+    def _show_oracle(self, state: _State, query: str, sink: EventSink | None) -> None:
+        """The oracle modes (an evaluation's measurement of what better evidence is worth): the task's passages
+        stand for a search's result. Before the first generation (oracle) they answer a search with the question,
+        written exactly as the scaffold writes its search (the call, then the <information> block), so that only
+        the passages differ from naive-rag; after a generated search (oracle-search) they answer that search, so
+        that only the passages differ from the agent's own first search. Only titles and texts reach the model; the
+        observation is masked like every other."""
+        docs = state.task.oracle_docs or []
+        observation = format_information([(d.title, d.text) for d in docs])
+        generated = bool(state.record.turns) and bool(state.record.turns[-1].generated_ids)
+        if not generated:
+            observation = f"<search> {query} </search>{observation}"
+            state.record.turns.append(TurnRecord(generated_ids=[], generated_logprobs=[], text=""))
+        turn = len(state.record.turns) - 1
+        turn_record = state.record.turns[-1]
+        turn_record.observation_ids = self.engine.tokenizer(observation, add_special_tokens=False)["input_ids"]
+        turn_record.search = SearchStep(
+            turn=turn,
             query=query,
             candidates=[],
             chosen_ids=[d.id for d in docs],
@@ -208,20 +223,18 @@ class AgentRunner:
             temperature=0.0,
             retriever_version=self.last_retriever_version,
         )
-        state.record.turns.append(
-            TurnRecord(generated_ids=[], generated_logprobs=[], text="", observation_ids=observation_ids, search=step)
-        )
-        state.context_ids += observation_ids
+        state.context_ids += turn_record.observation_ids
+        state.oracle_shown = True
         if sink is not None:
-            sink.emit(SearchEvent(turn=0, query=query))
+            sink.emit(SearchEvent(turn=turn, query=query))
             sink.emit(
                 DocumentsEvent(
-                    turn=0,
+                    turn=turn,
                     query=query,
                     docs=[RetrievedDoc(id=d.id, title=d.title, score=0.0, text=d.text) for d in docs],
                     mode="oracle",
                     candidates=0,
-                    retriever_version=step.retriever_version,
+                    retriever_version=turn_record.search.retriever_version,
                 )
             )
 

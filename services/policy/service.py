@@ -16,6 +16,7 @@ from services.common.clients.retriever import AsyncRetrieverClient, ServiceError
 from services.common.errors import Conflict, InvalidRequest, UpstreamUnavailable
 from services.common.schemas.agent_events import AnswerEvent, DoneEvent, StartEvent
 from services.common.schemas.policy import (
+    ORACLE_MODES,
     AgentQueryRequest,
     AgentQueryResponse,
     FeedbackRequest,
@@ -49,6 +50,7 @@ _MODES: dict[str, dict[str, object]] = {
     "naive-rag": {"mode": "naive-rag", "initial_search": True},
     "direct": {"mode": "direct", "initial_search": False, "search_tool": False},
     "oracle": {"mode": "oracle", "initial_search": False},  # the request's passages stand for the first search
+    "oracle-search": {"mode": "oracle-search", "initial_search": False},  # ... answer the policy's first search
 }
 
 
@@ -124,7 +126,7 @@ class PolicyService:
         [(record, timings)] = await self._run(
             [AgentTask(question=request.question, oracle_docs=oracle)],
             temperature=self.settings.serve_temperature,
-            max_turns=request.max_turns if request.mode in ("agent", "oracle") else 0,
+            max_turns=request.max_turns if request.mode in ("agent", *ORACLE_MODES) else 0,
             retrieval=self.settings.serve_retrieval_spec(
                 request.top_k, explore=self.settings.explores(self.explore_rng.random())
             ),

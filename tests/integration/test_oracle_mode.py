@@ -1,6 +1,8 @@
-"""`mode: oracle` on the policy service: the question's supporting passages, looked up in the real retriever by id,
-are the trajectory's first <information> block, exactly as a search result is written; later searches go to the
-retriever; nothing of the question's metadata but those passages reaches the model; bad oracle input is a 4xx.
+"""The oracle modes on the policy service: the question's supporting passages, looked up in the real retriever by
+id, are the trajectory's first <information> block, exactly as a search result is written (`oracle`: before the
+first turn, as the scaffold writes a search; `oracle-search`: as the answer to the policy's own first search);
+later searches go to the retriever; nothing of the question's metadata but those passages reaches the model; bad
+oracle input is a 4xx.
 
 The policy service runs in-process (its real app, routes and agent loop) on a scripted engine, a test double
 that plays fixed turns through a byte-level tokenizer, so each test takes seconds; the retriever is the real
@@ -58,10 +60,11 @@ def byte_tokenizer():
 
 
 class ScriptedEngine(Engine):
-    """Plays TURNS in order (the next one each call), and keeps every context it was asked to continue."""
+    """Plays `turns` in order (the next one each call), and keeps every context it was asked to continue."""
 
-    def __init__(self) -> None:
+    def __init__(self, turns: list[str] = TURNS) -> None:
         self.tokenizer = byte_tokenizer()
+        self.turns = turns
         self.contexts: list[list[int]] = []
 
     async def start(self) -> None:
@@ -72,7 +75,7 @@ class ScriptedEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], spec: SamplingSpec, adapter: str) -> Generation:
         self.contexts.append(list(prompt_ids))
-        text = TURNS[min(len(self.contexts), len(TURNS)) - 1]
+        text = self.turns[min(len(self.contexts), len(self.turns)) - 1]
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return Generation(token_ids=ids, logprobs=[-0.1] * len(ids), text=text, finish_reason="stop")
 
@@ -91,7 +94,7 @@ def retriever(retriever_factory):
     return service
 
 
-def run_policy(retriever, tmp_path: Path, calls):
+def run_policy(retriever, tmp_path: Path, calls, turns: list[str] = TURNS):
     """The policy app in-process over `engine`, talking to the real retriever and Redis; `calls(http, engine,
     service)` is awaited with an HTTP client on the app."""
     from services.policy.app import build_app
@@ -106,7 +109,7 @@ def run_policy(retriever, tmp_path: Path, calls):
     )  # fmt: skip
 
     async def main():
-        engine = ScriptedEngine()
+        engine = ScriptedEngine(turns)
         service = PolicyService(settings, engine)
         await service.start()
         app = build_app(settings)
@@ -163,10 +166,44 @@ def test_oracle_passages_are_the_first_information_block_and_nothing_else_leaks(
     assert result.recall == 0.0  # the retriever's own search did not find the two supporting passages
 
 
+def test_oracle_search_answers_the_policys_own_first_search_with_the_passages(retriever, tmp_path):
+    """oracle-search: the policy writes its first search itself (as in agent mode) and the given passages are its
+    result, so only the passages differ from agent mode; its next search goes to the retriever."""
+    item = EvalItem.model_validate(row_fields(ROW, "hotpotqa"))
+    body = request_for(item, "oracle-search", max_turns=2, top_k=2).model_dump()
+    assert body["oracle_doc_ids"] == ["orc-beta", "orc-alpha"] and CANARY not in json.dumps(body)
+    turns = ["<think> go </think><search> Alpha River </search>", *TURNS]
+
+    async def calls(http, engine, service):
+        response = await http.post("/v1/agent/query", json=body)
+        assert response.status_code == 200, response.text
+        trajectory = await http.get(f"/v1/trajectories/{response.json()['trajectory_id']}")
+        return response.json(), TrajectoryRecord.model_validate(trajectory.json()), engine
+
+    answer, record, engine = run_policy(retriever, tmp_path, calls, turns)
+    decode = engine.tokenizer.decode
+    first, second = record.turns[0], record.turns[1]
+    shown = [DOCS[1], DOCS[0]]
+    assert record.mode == "oracle-search" and decode(first.generated_ids) == turns[0]
+    # The policy's own search, answered with the given passages: the block alone, no call written for it.
+    assert first.search.mode == "oracle" and first.search.query == "Alpha River"
+    assert first.search.chosen_ids == ["orc-beta", "orc-alpha"] and first.search.candidates == []
+    assert decode(first.observation_ids) == format_information([(d.title, d.text) for d in shown])
+    assert engine.contexts[0] == record.prompt_ids  # nothing before the policy's first turn
+    assert engine.contexts[1] == record.prompt_ids + first.generated_ids + first.observation_ids
+    # Its second search went to the retriever.
+    assert second.search.mode == "greedy" and second.search.query == "Delta Lake"
+    assert second.search.chosen_ids[0] == "orc-delta"
+    assert record.answer == "Gammaville"
+    result = score(item, "oracle-search", AgentQueryResponse.model_validate(answer), 1.0)
+    assert result.em == 1.0 and result.searches == 1 and result.retrieved_ids == second.search.chosen_ids
+
+
 @pytest.mark.parametrize(
     ("extra", "status", "reason"),
     [
         ({"mode": "oracle"}, 422, "oracle_doc_ids is required"),
+        ({"mode": "oracle-search"}, 422, "oracle_doc_ids is required"),
         ({"mode": "agent", "oracle_doc_ids": ["orc-alpha"]}, 422, "refused in every other mode"),
         ({"mode": "oracle", "oracle_doc_ids": []}, 422, "at least 1"),
         ({"mode": "oracle", "oracle_doc_ids": ["orc-alpha", "orc-alpha"]}, 422, "must not repeat"),

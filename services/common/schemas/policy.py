@@ -21,9 +21,10 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# The modes a question alone can ask for; `oracle` (an evaluation's measurement) also needs the question's passages.
+# The modes a question alone can ask for; the oracle modes (an evaluation's measurement) also need its passages.
 QuestionMode = Literal["agent", "naive-rag", "direct"]
-AgentMode = Literal["agent", "naive-rag", "direct", "oracle"]
+AgentMode = Literal["agent", "naive-rag", "direct", "oracle", "oracle-search"]
+ORACLE_MODES: tuple[AgentMode, ...] = ("oracle", "oracle-search")
 OracleDocId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\s/]+$")]
 RewardKind = Literal["em", "f1", "em-format"]
 
@@ -36,14 +37,16 @@ class AgentQueryRequest(Strict):
         "agent",
         description="agent: the Search-R1 loop; naive-rag: one retrieval with the question, then the answer "
         "(max_turns ignored); direct: answer with no retrieval (max_turns ignored); oracle: the agent loop with "
-        "the passages of `oracle_doc_ids` shown as its first <information> block (in place of a first search with "
-        "the question), later searches going to the retriever. The last three are evaluation baselines.",
+        "the passages of `oracle_doc_ids` shown as its first <information> block, written as the scaffold writes "
+        "a search with the question, before the policy's first turn; oracle-search: the agent loop whose own first "
+        "search is answered with those passages (an oracle retriever, once). Later searches go to the retriever. "
+        "The last four are evaluation baselines.",
     )
     oracle_doc_ids: list[OracleDocId] | None = Field(
         None,
         min_length=1,
         max_length=MAX_ORACLE_DOCS,
-        description="oracle mode only (and required there): ids of indexed passages (a question's supporting "
+        description="the oracle modes only (and required there): ids of indexed passages (a question's supporting "
         "documents), shown in this order. Only their titles and texts reach the model; an id the retriever does "
         "not hold is a 400.",
     )
@@ -55,8 +58,8 @@ class AgentQueryRequest(Strict):
 
     @model_validator(mode="after")
     def _oracle_passages(self) -> AgentQueryRequest:
-        if (self.mode == "oracle") != (self.oracle_doc_ids is not None):
-            raise ValueError("oracle_doc_ids is required in oracle mode and refused in every other mode")
+        if (self.mode in ORACLE_MODES) != (self.oracle_doc_ids is not None):
+            raise ValueError("oracle_doc_ids is required in the oracle modes and refused in every other mode")
         if self.oracle_doc_ids is not None and len(set(self.oracle_doc_ids)) != len(self.oracle_doc_ids):
             raise ValueError("oracle_doc_ids must not repeat an id")
         return self
