@@ -264,6 +264,15 @@ def warmstart(
     gold_missing: Annotated[
         float, typer.Option(min=0, max=1, help="Share of reading variants whose first search misses the gold passage.")
     ] = 0.15,
+    bridge: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=1,
+            help="Share of a multi-hop question's variants whose first search shows only the bridge passage (no "
+            "answer, the next hop's title named): the target searches that title, then answers.",
+        ),
+    ] = 0.0,
     template_weight: Annotated[
         float, typer.Option(min=0, max=1, help="Loss weight of the agent's non-answer tokens (the answer's are 1).")
     ] = 0.1,
@@ -285,6 +294,13 @@ def warmstart(
         typer.Option(
             help="A committed adapter of this same run (e.g. services/policy/reading_adapter) to go on from when "
             "--state-dir holds no checkpoint (a new machine): its LoRA and step; AdamW restarts with a warm-up."
+        ),
+    ] = None,
+    init_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="A committed adapter to start a new stage from when --state-dir holds no checkpoint: its LoRA, then "
+            "this command's settings (e.g. another recipe), order and schedule; its held-out questions stay held out."
         ),
     ] = None,
     hold_out: Annotated[
@@ -318,7 +334,7 @@ def warmstart(
     out = out or SHIPPED_ADAPTERS[recipe.value]
     config = WarmstartConfig(
         **({"datasets": [d.strip() for d in datasets.split(",") if d.strip()]} if datasets else {}),
-        recipe=recipe.value, reading=ReadingRecipe(variants=variants, gold_missing=gold_missing),
+        recipe=recipe.value, reading=ReadingRecipe(variants=variants, gold_missing=gold_missing, bridge=bridge),
         template_weight=template_weight, per_dataset=per_dataset, epochs=epochs,
         hold_out=[line.strip() for line in hold_out.read_text().splitlines() if line.strip()] if hold_out else [],
         lr=lr, lora_rank=rank, lora_alpha=2 * rank, max_minutes=max_minutes, seed=seed,
@@ -340,6 +356,7 @@ def warmstart(
             examples_cache=examples_cache,
             device=device,
             continue_from=continue_from,
+            init_from=init_from,
         )
     except ValueError as exc:  # a run that exists, or one resumed with other settings: say so, no traceback
         typer.echo(f"error: {exc}", err=True)

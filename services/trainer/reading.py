@@ -12,7 +12,12 @@ still a whole Search-R1 trajectory (the agent writes its `<search>` and its `<an
 - its answer tokens are marked (`answer_mask`) so the loss can weight them above the template;
 - a share of the variants (`gold_missing`) shows only distractors on the first search; the target then searches
   again, by the supporting passage's title, and answers from what that real search shows (kept only when it shows
-  a supporting passage): when the evidence lacks the answer, the agent searches again instead of guessing.
+  a supporting passage): when the evidence lacks the answer, the agent searches again instead of guessing;
+- a share of a multi-hop question's variants (`bridge`) shows the *bridge* passage on the first search (a
+  supporting passage that does not hold the answer but names the title of the one that does) among distractors;
+  the target searches that title and answers from what the real search shows: the agent reads the first hop to
+  find what to search for the second. Without it every multi-hop example showed both hops in one block, and the
+  agent learned to answer after one search whatever it showed (docs/results.md §22c).
 
 Questions without passages (triviaqa, medqa: no corpus) keep the protocol trajectories of the first warm start,
 with their answer tokens marked too.
@@ -83,6 +88,21 @@ def reading_target(item: PoolItem, gold_docs: Sequence[tuple[str, str, str]]) ->
     return answer_as_written(item.golden_answers, [f"{title}\n{text}" for _, title, text in gold_docs])
 
 
+def names_title(title: str, text: str) -> bool:
+    """Whether `text` names `title` (normalised, on word boundaries): what a reader could search for next."""
+    norm = normalize_answer(title)
+    return bool(norm) and f" {norm} " in f" {normalize_answer(text)} "
+
+
+def bridge_passages(gold_docs: Sequence[tuple[str, str, str]], holds: dict[str, bool]) -> list[tuple[str, str, str]]:
+    """The supporting passages that do not hold the answer but name the title of the first one that does (the
+    answer-holding passage is first in `gold_docs`): a first hop that says what to search for the second."""
+    if len(gold_docs) < 2 or not holds.get(gold_docs[0][0]):
+        return []
+    title = gold_docs[0][1]
+    return [d for d in gold_docs[1:] if not holds.get(d[0]) and names_title(title, f"{d[1]} {d[2]}")]
+
+
 def variant_searches(
     query: str,
     gold_docs: Sequence[tuple[str, str, str]],
@@ -90,20 +110,28 @@ def variant_searches(
     recipe: ReadingRecipe,
     rng: random.Random,
     second: Shown | None,
-) -> tuple[list[Shown], bool] | None:
-    """One variant's searches and whether its first search shows gold; None when it cannot be built."""
+    bridges: Sequence[tuple[str, str, str]] = (),
+) -> tuple[list[Shown], str] | None:
+    """One variant's searches and its kind (reading: gold on the first search; reading-second-search: distractors
+    only, then a search by the answer passage's title; reading-bridge: a bridge passage among distractors, then a
+    search by the title it names); None when it cannot be built."""
     k = recipe.passages
     pool = list(distractors[: 2 * k])  # hard: the retriever's best non-answers, a seeded pick among them
     if rng.random() < recipe.gold_missing and second is not None and len(pool) >= k:
         first = Shown(query, tuple(rng.sample(pool, k)))
-        return [first, second], False
+        return [first, second], "reading-second-search"
+    # Drawn only when bridges are asked for, so a recipe without them builds exactly what it built before.
+    if recipe.bridge > 0 and bridges and second is not None and len(pool) >= k - 1 and rng.random() < recipe.bridge:
+        docs = [bridges[0], *rng.sample(pool, k - 1)]
+        rng.shuffle(docs)
+        return [Shown(query, tuple(docs)), second], "reading-bridge"
     golds = list(gold_docs[:k])
     need = k - len(golds)
     if len(pool) < need:
         return None
     docs = golds + rng.sample(pool, need)
     rng.shuffle(docs)
-    return [Shown(query, tuple(docs))], True
+    return [Shown(query, tuple(docs))], "reading"
 
 
 async def build_reading_examples(
@@ -127,6 +155,7 @@ async def build_reading_examples(
         ranked = await retriever.search(queries, top_k=recipe.candidates, candidates=recipe.candidates)
         golds: dict[int, list[tuple[str, str, str]]] = {}
         answers: dict[int, str] = {}
+        bridges: dict[int, list[tuple[str, str, str]]] = {}
         for n, item in enumerate(chunk):
             gold_docs = [(d, *passages[d]) for d in item.supporting_doc_ids if d in passages]
             answer = reading_target(item, gold_docs) if gold_docs else None
@@ -136,6 +165,8 @@ async def build_reading_examples(
                 # the passage that holds the answer first: it is always shown, and the second search looks for it
                 holds = {d[0]: answer_as_written([answer], [f"{d[1]}\n{d[2]}"]) is not None for d in gold_docs}
                 golds[n], answers[n] = sorted(gold_docs, key=lambda d: not holds[d[0]]), answer
+                if not closed_answer(item):
+                    bridges[n] = bridge_passages(golds[n], holds)
         # The gold-missing variants' second search: by the first supporting passage's title, kept only when the
         # real search shows a supporting passage that holds the answer (a label answer: any supporting passage).
         titles = {n: golds[n][0][1].strip() for n in golds if golds[n][0][1].strip()}
@@ -154,12 +185,11 @@ async def build_reading_examples(
             distractors = hard_distractors(item, _shown(query, result), closed_answer(item))
             for v in range(recipe.variants):
                 rng = random.Random(f"{seed}:{item.dataset}:{item.id}:{v}")
-                built = variant_searches(query, golds[n], distractors, recipe, rng, seconds.get(n))
+                built = variant_searches(query, golds[n], distractors, recipe, rng, seconds.get(n), bridges.get(n, ()))
                 if built is None:
                     continue
-                searches, gold_first = built
+                searches, kind = built
                 example = to_example(tokenizer, item, searches, answer=answers[n])
-                kind = "reading" if gold_first else "reading-second-search"
                 examples.append(example.model_copy(update={"variant": v, "kind": kind}))
     if fallback:
         examples += await build_examples(retriever, tokenizer, fallback, top_k=recipe.passages)

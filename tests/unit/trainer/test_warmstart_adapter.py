@@ -82,6 +82,28 @@ def test_the_reading_adapter_continues_only_as_the_run_it_came_from():
     assert set(plan.first) <= trained and not set(plan.first) & set(plan.heldout)
     with pytest.raises(ValueError, match="template_weight"):
         continuation(folder, config.model_copy(update={"template_weight": 0.5}))
+    # a setting added since (the bridge share) compares at its default, which is what the run did; another value
+    # is another recipe: a new stage, not a continuation
+    assert "bridge" not in manifest["config"]["reading"] or manifest["config"]["reading"]["bridge"] == 0
+    bridged = config.model_copy(update={"reading": config.reading.model_copy(update={"bridge": 0.3})})
+    with pytest.raises(ValueError, match="reading"):
+        continuation(folder, bridged)
+
+
+def test_a_new_stage_starts_from_the_adapter_and_keeps_its_held_out_and_its_training_ids():
+    from services.trainer.warmstart import next_stage
+
+    folder = SHIPPED_ADAPTERS["reading"]
+    if not folder.exists():
+        pytest.skip(f"{folder} is not committed")
+    manifest = verify_adapter(folder)
+    plan = next_stage(folder)
+    assert plan.stage == manifest.get("stage", 1) + 1 and plan.state == {} and plan.first == []
+    assert plan.heldout == manifest["data"]["heldout_ids"]
+    for dataset, ids in manifest["data"]["trained_ids"].items():
+        assert set(ids) <= set(plan.earlier_trained[dataset])
+    assert plan.initialised_from == {"adapter": str(folder), "version": manifest["version"],
+                                     "files": manifest["files"], "stage": plan.stage - 1}  # fmt: skip
 
 
 def test_the_committed_lora_loads_into_the_base_as_it_was_saved(policy_models_root):
