@@ -473,17 +473,17 @@ def split_heldout(
 ) -> tuple[list[list[SFTExample]], list[SFTExample]]:
     """Training groups (every variant of a question together) and the held-out examples (the first variant of
     `config.heldout` seeded questions: held-out *training-pool* questions, never the evaluation split).
-    `heldout_keys`: hold out exactly these ('dataset:id'; a continued run keeps its adapter's)."""
+    `heldout_keys`: hold out exactly these ('dataset:id'; a continued run or a new stage keeps its adapter's). One
+    with no example in this build (another recipe's variants, or another machine's passages, all over `max_len`)
+    stays out of training and out of the held-out loss; the manifest still lists it as held out."""
     groups: dict[str, list[SFTExample]] = {}
     for e in examples:
         if len(e.input_ids) <= config.max_len:
             groups.setdefault(f"{e.dataset}:{e.id}", []).append(e)
     held, trained = heldout_draw(groups, config)
     if heldout_keys is not None:
-        missing = [k for k in heldout_keys if k not in groups]
-        if missing:
-            raise ValueError(f"{len(missing)} held-out question(s) have no example in this build, e.g. {missing[0]}")
-        held, trained = list(heldout_keys), [k for k in held + trained if k not in set(heldout_keys)]
+        carried = set(heldout_keys)
+        held, trained = [k for k in heldout_keys if k in groups], [k for k in held + trained if k not in carried]
     heldout = [groups[k][0] for k in held]
     train = [groups[k] for k in trained]
     if config.recipe == "protocol" and config.two_search_repeat > 1:
@@ -727,7 +727,7 @@ def run_warmstart(
             "qa_dir": str(qa_dir),
             "trained_ids": {d: sorted(ids) for d, ids in trained.items()},
             "earlier_trained_ids": earlier,
-            "heldout_ids": sorted(f"{e.dataset}:{e.id}" for e in heldout),
+            "heldout_ids": sorted(plan.heldout if plan else (f"{e.dataset}:{e.id}" for e in heldout)),
             "seen": [question_key(e) for e in training_order(groups, config.epochs, config.seed, first)][
                 : state.examples_seen
             ],
