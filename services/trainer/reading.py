@@ -88,19 +88,14 @@ def reading_target(item: PoolItem, gold_docs: Sequence[tuple[str, str, str]]) ->
     return answer_as_written(item.golden_answers, [f"{title}\n{text}" for _, title, text in gold_docs])
 
 
-def names_title(title: str, text: str) -> bool:
-    """Whether `text` names `title` (normalised, on word boundaries): what a reader could search for next."""
-    norm = normalize_answer(title)
-    return bool(norm) and f" {norm} " in f" {normalize_answer(text)} "
-
-
 def bridge_passages(gold_docs: Sequence[tuple[str, str, str]], holds: dict[str, bool]) -> list[tuple[str, str, str]]:
     """The supporting passages that do not hold the answer but name the title of the first one that does (the
     answer-holding passage is first in `gold_docs`): a first hop that says what to search for the second."""
     if len(gold_docs) < 2 or not holds.get(gold_docs[0][0]):
         return []
     title = gold_docs[0][1]
-    return [d for d in gold_docs[1:] if not holds.get(d[0]) and names_title(title, f"{d[1]} {d[2]}")]
+    # `contains_gold` with the title as the string looked for: normalised, on word boundaries
+    return [d for d in gold_docs[1:] if not holds.get(d[0]) and contains_gold([title], f"{d[1]} {d[2]}")]
 
 
 def variant_searches(

@@ -16,8 +16,8 @@ from services.trainer.reading import (
     bridge_passages,
     build_reading_examples,
     closed_answer,
+    contains_gold,
     hard_distractors,
-    names_title,
     reading_target,
     variant_searches,
 )
@@ -91,7 +91,7 @@ BRIDGE_DOC = ("g2", "2014 S/S", "2014 S/S is the debut album of the South Korean
 
 
 def test_a_bridge_passage_names_the_answer_passages_title_and_does_not_hold_the_answer():
-    assert names_title("Winner", "the boy group Winner.") and not names_title("Winner", "the winners")
+    assert contains_gold(["Winner"], "the boy group Winner.") and not contains_gold(["Winner"], "the winners")
     holds = {"g1": True, "g2": False}
     # the answer passage's title is "WINNER (band)": normalised, "winner band" is not in the bridge text
     assert bridge_passages([ANSWER_DOC, BRIDGE_DOC], holds) == []
