@@ -486,7 +486,7 @@ def split_heldout(
         held, trained = [k for k in heldout_keys if k in groups], [k for k in held + trained if k not in carried]
     heldout = [groups[k][0] for k in held]
     train = [groups[k] for k in trained]
-    if config.recipe == "protocol" and config.two_search_repeat > 1:
+    if config.two_search_repeat > 1:  # a reading run's bridge and second-search variants too
         train += [[e] for g in train for e in g if len(e.searches) > 1 for _ in range(config.two_search_repeat - 1)]
     return train, heldout
 

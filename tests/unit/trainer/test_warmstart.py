@@ -177,10 +177,11 @@ def test_the_warm_start_draws_from_the_training_pool_only(tmp_path):
     assert len(chosen) == 30 and all(i.position >= EVAL_SPLIT for i in chosen)
 
 
-def test_two_search_trajectories_are_oversampled_on_request(tokenizer):
+@pytest.mark.parametrize("recipe", ["protocol", "reading"])
+def test_two_search_trajectories_are_oversampled_on_request(tokenizer, recipe):
     one = to_example(tokenizer, _item(), [FIRST])
     two = to_example(tokenizer, _item(position=151), [FIRST, SECOND])
-    config = WarmstartConfig(recipe="protocol", heldout=0, two_search_repeat=1)
+    config = WarmstartConfig(recipe=recipe, heldout=0, two_search_repeat=1)
     assert sorted(len(g) for g in split_heldout([one, two], config)[0]) == [1, 1]
     groups, _ = split_heldout([one, two], config.model_copy(update={"two_search_repeat": 3}))
     assert sorted(g[0].id for g in groups) == ["q150", "q151", "q151", "q151"]
