@@ -44,11 +44,11 @@ class InProcessRetriever:
                 for doc in read_documents(path):
                     batch.append(doc)
                     if len(batch) == batch_size:
-                        upserted += (await self.service.upsert_documents(batch))[0]
+                        upserted += (await self.service.upsert_documents(batch)).upserted
                         bar.update(len(batch))
                         batch = []
                 if batch:
-                    upserted += (await self.service.upsert_documents(batch))[0]
+                    upserted += (await self.service.upsert_documents(batch)).upserted
                     bar.update(len(batch))
         return upserted
 

@@ -23,16 +23,19 @@ from services.common.replicas import ReplicaConfig, ReplicaGroup
 from services.common.schemas.checkpoints import ActivationResponse, RegisteredCheckpoint
 from services.common.schemas.retriever import (
     Candidate,
+    DeleteDocumentResponse,
     Document,
     DocumentLookupResponse,
     ScoredDoc,
     SearchRequest,
     SearchResponse,
     SearchResult,
+    UpsertDocumentsResponse,
 )
 from services.modeling.plackett_luce import gumbel_top_k, plackett_luce_logprob, query_rng
 from services.retriever.backends.batcher import MicroBatcher
 from services.retriever.backends.index import EdgeIndex, Hit, QdrantClientIndex, VectorIndex
+from services.retriever.document_log import DocumentLog, DocumentWrite
 from services.retriever.registry import ActiveRetriever, EncoderLoader, RegistryState
 from services.retriever.reindex import ReindexJob, passage_text
 from services.retriever.settings import RetrieverSettings
@@ -78,6 +81,7 @@ class RetrieverService:
             keep_pinned=settings.pinned_versions,
         )
         self.group = self._replica_group(settings)
+        self.documents = self._document_log(settings)
         self._search_pool = ThreadPoolExecutor(1, thread_name_prefix="search")
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="write")
         self._batcher = MicroBatcher(self._search_batch, self._search_pool, wait_s=settings.batch_wait_ms / 1000,
@@ -94,14 +98,25 @@ class RetrieverService:
                                replica_id=settings.replica_id or f"{socket.gethostname()}:{settings.port}")  # fmt: skip
         return ReplicaGroup(settings.redis_url, config, self.checkpoints)
 
+    def _document_log(self, settings: RetrieverSettings) -> DocumentLog | None:
+        """Replicas with their own embedded index share their document writes (a Qdrant server is one index)."""
+        if self.group is None or settings.resolved_backend == "qdrant-server":
+            return None
+        return DocumentLog(settings.redis_url, self.group.config.group, self.group.config.replica_id,
+                           settings.state_dir, self._apply_write, lag_bound_s=settings.replica_lag_bound_s)  # fmt: skip
+
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         await self.checkpoints.restore(previous=False)
+        if self.documents is not None:  # every write the group has taken, before this replica says it is ready
+            await self.documents.start()
         if self.group is not None:  # on the group's version before this replica says it is ready
             await self.group.start()
         self._batcher.start()
 
     async def stop(self) -> None:
+        if self.documents is not None:
+            await self.documents.stop()
         if self.group is not None:
             await self.group.stop()
         await self._batcher.stop()
@@ -141,6 +156,8 @@ class RetrieverService:
             serving, why = await self.group.in_rotation()
             if not serving:
                 raise NotReady(f"out of rotation: {why}", code="replica_lagging")
+        if self.documents is not None and self.documents.failing:
+            raise NotReady(f"out of rotation: {self.documents.failing}", code="replica_lagging")
 
     async def search(self, request: SearchRequest) -> SearchResponse:
         if request.version is None:
@@ -181,9 +198,26 @@ class RetrieverService:
         return SearchResult(query=query, docs=docs, candidates=candidates, logprob=logprob)
 
     # ---------------------------------------------------------------- documents
-    async def upsert_documents(self, documents: list[Document]) -> tuple[int, int]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._write_pool, self._upsert_sync, documents)
+    async def upsert_documents(self, documents: list[Document]) -> UpsertDocumentsResponse:
+        if self.documents is not None:
+            write = DocumentWrite(op="upsert", documents=documents, origin=self.documents.replica_id)
+            (upserted, unchanged), behind = await self.documents.write(write, self._live_replicas)
+            return UpsertDocumentsResponse(upserted=upserted, unchanged=unchanged, replicas_behind=behind)
+        upserted, unchanged = await self._run_write(self._upsert_sync, documents)
+        return UpsertDocumentsResponse(upserted=upserted, unchanged=unchanged)
+
+    async def _run_write(self, fn: Callable, *args: object) -> object:
+        return await asyncio.get_running_loop().run_in_executor(self._write_pool, fn, *args)
+
+    async def _apply_write(self, write: DocumentWrite) -> object:
+        """One entry of the group's document log, applied to this replica's index."""
+        if write.op == "upsert":
+            return await self._run_write(self._upsert_sync, write.documents)
+        return await self._run_write(self._delete_sync, write.ids)
+
+    async def _live_replicas(self) -> set[str]:
+        assert self.group is not None
+        return set(await self.group.members())
 
     def _upsert_sync(self, documents: list[Document]) -> tuple[int, int]:
         unique = list({d.id: d for d in documents}.values())
@@ -218,15 +252,22 @@ class RetrieverService:
         ]
         return DocumentLookupResponse(documents=documents, missing=[i for i in wanted if i not in found])
 
-    async def delete_document(self, doc_id: str) -> None:
+    async def delete_document(self, doc_id: str) -> DeleteDocumentResponse:
         await self.get_document(doc_id)
-        loop = asyncio.get_running_loop()
+        if self.documents is not None:
+            write = DocumentWrite(op="delete", ids=[doc_id], origin=self.documents.replica_id)
+            _, behind = await self.documents.write(write, self._live_replicas)
+            return DeleteDocumentResponse(deleted=doc_id, replicas_behind=behind)
+        await self._run_write(self._delete_sync, [doc_id])
+        return DeleteDocumentResponse(deleted=doc_id)
+
+    def _delete_sync(self, doc_ids: list[str]) -> None:
         collections = {self.active.collection}
         pending = self._pending()
         if pending is not None:
             collections.add(pending.collection)
         for collection in collections:
-            await loop.run_in_executor(self._write_pool, self.index.delete, collection, [doc_id])
+            self.index.delete(collection, doc_ids)
 
     def document_count(self) -> int:
         return self.index.count(self.active.collection)

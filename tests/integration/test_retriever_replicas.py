@@ -69,12 +69,46 @@ def active_of(service) -> str:
     return httpx.get(service.url + "/v1/checkpoints", timeout=10).json()["active"]
 
 
+def documents_of(service) -> int:
+    return httpx.get(service.url + "/readyz", timeout=10).json()["documents"]
+
+
+def test_documents_written_through_the_balancer_reach_every_replica(replicas):
+    services, balancer, start, shared = replicas
+    admin = {"Authorization": f"Bearer {services[0].token}"}
+    assert [documents_of(s) for s in services] == [120] * 3  # the fixture's one ingest, through the balancer
+    doc = {"id": "replicated-1", "title": "Replicated", "text": "A passage written once, held by every replica."}
+    r = httpx.post(balancer.url + "/v1/documents", json={"documents": [doc]}, headers=admin, timeout=60)
+    assert r.status_code == 200 and r.json() == {"upserted": 1, "unchanged": 0, "replicas_behind": []}, r.text
+    assert all(httpx.get(f"{s.url}/v1/documents/replicated-1", timeout=10).json()["text"] == doc["text"]
+               for s in services)  # fmt: skip
+    gone = httpx.delete(balancer.url + "/v1/documents/replicated-1", headers=admin, timeout=60)
+    assert gone.json() == {"deleted": "replicated-1", "replicas_behind": []}, gone.text
+    assert [httpx.get(f"{s.url}/v1/documents/replicated-1", timeout=10).status_code for s in services] == [404] * 3
+    # a replica down during a write replays it when it comes back (its state dir kept), before it says ready
+    stop_service(services[2])
+    late = {"id": "replicated-2", "title": "Late", "text": "Written while one replica was down."}
+    r = httpx.post(balancer.url + "/v1/documents", json={"documents": [late]}, headers=admin, timeout=60)
+    assert r.status_code == 200 and r.json()["upserted"] == 1, r.text
+    services[2] = start(2)
+    assert httpx.get(f"{services[2].url}/v1/documents/replicated-2", timeout=10).status_code == 200
+    assert [documents_of(s) for s in services] == [121] * 3
+    # a new replica, with an empty state dir, is built from the whole log: same documents, the deleted one absent
+    fresh = start(3)
+    try:
+        assert documents_of(fresh) == 121
+        assert httpx.get(f"{fresh.url}/v1/documents/replicated-1", timeout=10).status_code == 404
+        assert httpx.get(f"{fresh.url}/v1/documents/replicated-2", timeout=10).status_code == 200
+    finally:
+        stop_service(fresh)
+
+
 @pytest.fixture
 def replicas(tmp_path, models_root):
     group = f"test-{uuid.uuid4().hex[:8]}"
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
-    ports = [free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(4)]  # the 4th: a replica that joins later
 
     def start(n: int):
         env = {"BRIDGE_RETRIEVER_ENCODER_DIR": str(models_root / "all-MiniLM-L6-v2"), "REDIS_URL": REDIS,
@@ -83,14 +117,14 @@ def replicas(tmp_path, models_root):
         return start_service("retriever", tmp_path / f"r{n}", env, port=ports[n])
 
     services = [start(n) for n in range(3)]
-    # Each replica keeps its own embedded index (no Qdrant server here): the same passages go into every one.
+    balancer = Balancer(free_port(), [("127.0.0.1", p) for p in ports[:3]], tmp_path / "haproxy")
+    balancer.wait_ready()
+    # Each replica keeps its own embedded index (no Qdrant server here); one ingest through the balancer reaches
+    # every one (the group's document log, services/retriever/document_log.py).
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join((REPO / "services/demo_data/hotpotqa_corpus.jsonl").read_text().splitlines(True)[:120]))
-    for service in services:
-        with RetrieverClient(service.url, admin_token=service.token, timeout=300) as client:
-            ingest_file(client, corpus, progress=False)
-    balancer = Balancer(free_port(), [("127.0.0.1", p) for p in ports], tmp_path / "haproxy")
-    balancer.wait_ready()
+    with RetrieverClient(balancer.url, admin_token=services[0].token, timeout=300) as client:
+        ingest_file(client, corpus, progress=False)
     yield services, balancer, start, SimpleNamespace(data_dir=tmp_path)  # writes into the shared checkpoints
     balancer.stop()
     for service in services:

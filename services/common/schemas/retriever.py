@@ -97,10 +97,16 @@ class DocumentLookupResponse(BaseModel):
 class UpsertDocumentsResponse(BaseModel):
     upserted: int
     unchanged: int = 0
+    replicas_behind: list[str] = Field(
+        default_factory=list, description="Replicas of the group that had not applied the write when answered."
+    )
 
 
 class DeleteDocumentResponse(BaseModel):
     deleted: str
+    replicas_behind: list[str] = Field(
+        default_factory=list, description="Replicas of the group that had not applied the delete when answered."
+    )
 
 
 class RetrieveRequest(Strict):

@@ -20,8 +20,7 @@ DocIdPath = Annotated[str, Path(min_length=1, max_length=256)]
 
 @router.post("/v1/documents", response_model=UpsertDocumentsResponse, dependencies=[Admin])
 async def upsert_documents(body: UpsertDocumentsRequest, service: Service) -> UpsertDocumentsResponse:
-    upserted, unchanged = await service.upsert_documents(body.documents)
-    return UpsertDocumentsResponse(upserted=upserted, unchanged=unchanged)
+    return await service.upsert_documents(body.documents)
 
 
 @router.post("/v1/documents/lookup", response_model=DocumentLookupResponse)
@@ -38,5 +37,4 @@ async def get_document(doc_id: DocIdPath, service: Service) -> Document:
 
 @router.delete("/v1/documents/{doc_id}", response_model=DeleteDocumentResponse, dependencies=[Admin])
 async def delete_document(doc_id: DocIdPath, service: Service) -> DeleteDocumentResponse:
-    await service.delete_document(doc_id)
-    return DeleteDocumentResponse(deleted=doc_id)
+    return await service.delete_document(doc_id)
