@@ -47,22 +47,34 @@ backend replicas
 """
 
 
+def haproxy_binary() -> str:
+    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not Path(binary).exists():
+        raise FileNotFoundError("haproxy is not installed (Debian: apt-get install haproxy)")
+    return binary
+
+
+def haproxy_command(port: int, backends: Sequence[tuple[str, int]], folder: Path, *,
+                    host: str = "127.0.0.1") -> list[str]:  # fmt: skip
+    """The command line of haproxy over `backends` on `port`, its configuration written to `folder` and checked
+    first (a ValueError with haproxy's reason when it refuses it)."""
+    binary = haproxy_binary()
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = folder / "haproxy.cfg"
+    config_path.write_text(haproxy_config(port, backends, host=host))
+    check = subprocess.run([binary, "-c", "-f", str(config_path)], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise ValueError(f"haproxy refused its configuration: {check.stdout}{check.stderr}")
+    return [binary, "-db", "-f", str(config_path)]
+
+
 class Balancer:
     """A running haproxy process over `backends`; `url` is the one address clients use."""
 
     def __init__(self, port: int, backends: Sequence[tuple[str, int]], folder: Path) -> None:
-        binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
-        if not Path(binary).exists():
-            raise FileNotFoundError("haproxy is not installed (Debian: apt-get install haproxy)")
-        folder.mkdir(parents=True, exist_ok=True)
-        self.config_path = folder / "haproxy.cfg"
-        self.config_path.write_text(haproxy_config(port, backends))
-        check = subprocess.run([binary, "-c", "-f", str(self.config_path)], capture_output=True, text=True)
-        if check.returncode != 0:
-            raise ValueError(f"haproxy refused its configuration: {check.stdout}{check.stderr}")
+        command = haproxy_command(port, backends, folder)
         self.log = (folder / "haproxy.log").open("w")
-        self.process = subprocess.Popen([binary, "-db", "-f", str(self.config_path)], stdout=self.log,
-                                        stderr=subprocess.STDOUT)  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
 
     def wait_ready(self, timeout: float = 30) -> None:

@@ -131,7 +131,7 @@ def worker(
 
 
 def _stack(policy_port: int, retriever_port: int, engine: str, console_port: int = 8002, host: str = "127.0.0.1",
-           workers: int = 1):  # fmt: skip
+           workers: int = 1, retriever_replicas: int = 1):  # fmt: skip
     from services.cli.launcher import Stack
     from services.cli.prepare import prepare_all
     from services.common.settings import CommonSettings
@@ -140,7 +140,7 @@ def _stack(policy_port: int, retriever_port: int, engine: str, console_port: int
     for label, outcome in prepare_all(settings).items():
         typer.echo(f"{label}: {outcome}")
     return Stack(settings, policy_port=policy_port, retriever_port=retriever_port, engine=engine,
-                 console_port=console_port, host=host, workers=workers,
+                 console_port=console_port, host=host, workers=workers, retriever_replicas=retriever_replicas,
                  report=lambda line: typer.echo(line, err=True))  # fmt: skip
 
 
@@ -162,6 +162,15 @@ def up(
         typer.Option(help="Bind address of the services (0.0.0.0: every interface; Redis stays on 127.0.0.1)."),
     ] = "127.0.0.1",
     workers: Annotated[int, typer.Option(min=1, max=64, help="Celery worker processes (tasks at once).")] = 1,
+    retriever_replicas: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=16,
+            help="Retriever processes behind HAProxy on --retriever-port (Debian's haproxy): writes reach every one, "
+            "checkpoint swaps flip on all together (docs/operations.md). Each keeps its own embedded index.",
+        ),
+    ] = 1,
     demo_data: Annotated[
         bool,
         typer.Option(
@@ -178,12 +187,13 @@ def up(
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with _stack(policy_port, retriever_port, engine.value, console_port, host, workers) as stack:
+    with _stack(policy_port, retriever_port, engine.value, console_port, host, workers, retriever_replicas) as stack:
         if demo_data:
             ensure_demo_corpus(stack)
         typer.echo(f"console   {stack.console_url}   (the web console: ask, trajectories, runs, checkpoints, health)")
         typer.echo(f"policy    {stack.policy_url}   (try: bridge-rl ask 'Who wrote Hamlet?')")
-        typer.echo(f"retriever {stack.retriever_url}")
+        replicas = f"   ({retriever_replicas} replicas behind HAProxy)" if retriever_replicas > 1 else ""
+        typer.echo(f"retriever {stack.retriever_url}{replicas}")
         typer.echo(f"redis     {stack.redis_url}")
         typer.echo(f"admin token in {stack.settings.data_dir / 'admin_token'} (or BRIDGE_ADMIN_TOKEN)")
         typer.echo(f"logs      {stack.logs}")

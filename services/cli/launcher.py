@@ -10,6 +10,7 @@ Leaving the `with` block (or Ctrl-C / SIGTERM on `bridge-rl up`) stops them in r
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -76,6 +77,12 @@ def redis_server_binary() -> Path:
     if on_path is None:
         raise LaunchError(NO_REDIS_SERVER)
     return Path(on_path)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def client_host(bind: str) -> str:
@@ -156,6 +163,7 @@ class Stack:
     engine: str = "vllm"
     host: str = "127.0.0.1"  # where the services listen; 0.0.0.0 for every interface
     workers: int = 1  # Celery worker processes (one worker, prefork above 1)
+    retriever_replicas: int = 1  # above 1: that many retrievers behind HAProxy on retriever_port, swapping as one
     report: Callable[[str], None] = _stderr  # progress lines while services start
     progress_every_s: float = 15.0
     processes: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
@@ -195,11 +203,12 @@ class Stack:
             "BRIDGE_CONSOLE_TRAINER_QUEUE": os.environ.get("BRIDGE_TRAINER_QUEUE", "bridge"),
         }
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = (self.logs / f"{name}.log").open("ab")
         # Own process group: one signal reaches the service and anything it started (vLLM).
-        process = subprocess.Popen(args, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(args, env={**self.env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
         self.processes.append((name, process))
         return process
 
@@ -251,9 +260,7 @@ class Stack:
             self.redis_url = "redis://127.0.0.1:6379/0"
             return
         binary = redis_server_binary()
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         folder = self.settings.data_dir / "redis"
         folder.mkdir(parents=True, exist_ok=True)
         process = self._spawn("redis", [str(binary), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(folder),
@@ -265,11 +272,42 @@ class Stack:
             time.sleep(0.2)
         self.redis_url = f"redis://127.0.0.1:{port}/0"
 
+    def start_retriever(self) -> None:
+        command = self.commands()["retriever"]
+        if self.retriever_replicas == 1:
+            retriever = self._spawn("retriever", command)
+            self._wait("retriever", retriever, self.retriever_url + "/readyz", 300)
+            return
+        self.start_retriever_replicas(command)
+
+    def start_retriever_replicas(self, command: list[str]) -> None:
+        """N retrievers on loopback ports, one replica group (services/common/replicas.py: swaps; document_log.py:
+        writes), each with its own embedded index under <data_dir>/retriever-replicas/r<n>, behind HAProxy on
+        retriever_port (services/cli/balancer.py)."""
+        from services.cli.balancer import haproxy_command
+
+        ports = [free_port() for _ in range(self.retriever_replicas)]
+        try:
+            balancer = haproxy_command(self.retriever_port, [("127.0.0.1", p) for p in ports],
+                                       self.settings.data_dir / "balancer", host=self.host)  # fmt: skip
+        except FileNotFoundError as exc:
+            raise LaunchError(f"--retriever-replicas {self.retriever_replicas} puts HAProxy in front: {exc}") from exc
+        group = "stack-" + hashlib.sha256(str(self.settings.data_dir.resolve()).encode()).hexdigest()[:8]
+        replicas = []
+        states = self.settings.data_dir / "retriever-replicas"
+        for n, port in enumerate(ports):
+            args = [*command[: command.index("--host")], "--host", "127.0.0.1", "--port", str(port)]
+            env = {"BRIDGE_RETRIEVER_REPLICA_GROUP": group, "BRIDGE_RETRIEVER_REPLICA_ID": f"r{n}",
+                   "BRIDGE_RETRIEVER_STATE_DIR": str(states / f"r{n}")}  # fmt: skip
+            replicas.append((f"retriever-r{n}", self._spawn(f"retriever-r{n}", args, env), port))
+        for name, process, port in replicas:
+            self._wait(name, process, f"http://127.0.0.1:{port}/readyz", 300)
+        self._wait("balancer", self._spawn("balancer", balancer), self.retriever_url + "/readyz", 30)
+
     def start(self) -> None:
         commands = self.commands()
         self.start_redis()
-        retriever = self._spawn("retriever", commands["retriever"])
-        self._wait("retriever", retriever, self.retriever_url + "/readyz", 300)
+        self.start_retriever()
         policy = self._spawn("policy", commands["policy"])
         self._wait("policy", policy, self.policy_url + "/readyz", 1200)
         self._spawn("worker", commands["worker"])

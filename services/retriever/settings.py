@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import CommonSettings
@@ -41,6 +42,11 @@ class RetrieverSettings(CommonSettings):
         "activated at any of them reaches all, prepared first, then committed together (services/common/replicas.py).",
     )
     replica_id: str | None = Field(None, description="This replica's name in its group (default: <hostname>:<port>).")
+    state_dir_override: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("BRIDGE_RETRIEVER_STATE_DIR", "state_dir"),
+        description="Index, registry and document-log offset (default <data_dir>/retriever): one per replica.",
+    )
     replica_lag_bound_s: float = Field(
         30.0, gt=0, le=3600, description="How long a swap waits for a slow replica before committing without it."
     )
@@ -71,5 +77,5 @@ class RetrieverSettings(CommonSettings):
         return "qdrant-server" if self.qdrant_url else "edge"
 
     @property
-    def state_dir(self):
-        return self.data_dir / "retriever"
+    def state_dir(self) -> Path:
+        return self.state_dir_override or self.data_dir / "retriever"

@@ -94,16 +94,32 @@ def test_up_passes_its_options_to_the_stack(tmp_path, monkeypatch, sigterm_resto
         def __exit__(self, *exc: object) -> None:
             pass
 
-    def stack(policy_port, retriever_port, engine, console_port, host, workers):
+    def stack(policy_port, retriever_port, engine, console_port, host, workers, retriever_replicas):
         made.append(NotStarted(CommonSettings(data_dir=tmp_path), policy_port=policy_port,
                                retriever_port=retriever_port, engine=engine, console_port=console_port, host=host,
-                               workers=workers))  # fmt: skip
+                               workers=workers, retriever_replicas=retriever_replicas))  # fmt: skip
         return made[-1]
 
     monkeypatch.setattr(commands, "_stack", stack)
     monkeypatch.setattr(demo, "ensure_demo_corpus", ingested.append)
-    result = CliRunner().invoke(app, ["up", "--host", "0.0.0.0", "--workers", "2", *demo_flag])
+    result = CliRunner().invoke(app, ["up", "--host", "0.0.0.0", "--workers", "2", "--retriever-replicas", "3",
+                                      *demo_flag])  # fmt: skip
     assert result.exit_code == 0, result.output + repr(result.exception)
-    assert (made[0].host, made[0].workers) == ("0.0.0.0", 2)
+    assert (made[0].host, made[0].workers, made[0].retriever_replicas) == ("0.0.0.0", 2, 3)
+    assert "3 replicas behind HAProxy" in result.output
     assert ingested == (made if loaded else [])
     assert "http://127.0.0.1:8000" in result.output
+
+
+def test_replicas_without_haproxy_are_a_one_line_launch_error(tmp_path, monkeypatch):
+    from services.cli import balancer
+    from services.cli.launcher import LaunchError
+
+    def missing() -> str:
+        raise FileNotFoundError("haproxy is not installed (Debian: apt-get install haproxy)")
+
+    monkeypatch.setattr(balancer, "haproxy_binary", missing)
+    stack = Stack(CommonSettings(data_dir=tmp_path), retriever_replicas=2)
+    with pytest.raises(LaunchError, match="--retriever-replicas 2 puts HAProxy in front: haproxy is not installed"):
+        stack.start_retriever()
+    assert stack.processes == []  # nothing started before the check
