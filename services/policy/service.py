@@ -61,7 +61,11 @@ def build_engine(settings: PolicySettings) -> Engine:
         return TransformersEngine(settings)
     from services.policy.backends.vllm_engine import VLLMEngine
 
-    return VLLMEngine(settings)
+    if settings.engine_count == 1:
+        return VLLMEngine(settings)
+    from services.policy.backends.engine_pool import EnginePool
+
+    return EnginePool([VLLMEngine(settings, index=n) for n in range(settings.engine_count)])
 
 
 class PolicyService:

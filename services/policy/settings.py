@@ -22,8 +22,19 @@ class PolicySettings(CommonSettings):
         "vllm", description="vllm: an OpenAI-compatible vLLM server; transformers: in-process, where vLLM can't run."
     )
     model_dir: str | None = Field(None, description="HF causal-LM folder; default <models>/SmolLM2-135M-Instruct.")
-    vllm_url: str | None = Field(None, description="Reach a running vLLM server here instead of starting one.")
+    vllm_url: str | None = Field(
+        None,
+        description="Reach running vLLM servers here instead of starting any (comma-separated: one engine each, "
+        "requests to the least busy, every swap reaching all).",
+    )
     vllm_port: int = Field(8011, description="Port of the vLLM server the service starts (on 127.0.0.1).")
+    vllm_engines: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="vLLM servers the service starts (ports vllm_port, vllm_port+1, ...; on CPU each bound to its "
+        "share of the cores): requests go to the least busy, every adapter or weight swap reaches all first.",
+    )
     vllm_python: str = Field(sys.executable, description="Interpreter that has vLLM installed.")
     vllm_args: str = Field("", description="Extra command-line arguments for the vLLM server.")
     vllm_memory_utilization: float | None = Field(
@@ -145,6 +156,15 @@ class PolicySettings(CommonSettings):
             # An external server (vllm_url) was started by someone else, maybe without the dev-mode reload endpoints.
             return self.engine == "vllm" and self.vllm_url is None and not gpu_available()
         return self.adapter_serving == "merged"
+
+    @property
+    def vllm_urls(self) -> list[str]:
+        """The external vLLM servers (none: the service starts `vllm_engines` of its own)."""
+        return [u.strip() for u in (self.vllm_url or "").split(",") if u.strip()]
+
+    @property
+    def engine_count(self) -> int:
+        return len(self.vllm_urls) or self.vllm_engines
 
     @property
     def resolved_redis_url(self) -> str:

