@@ -103,8 +103,11 @@ def test_documents_written_through_the_balancer_reach_every_replica(replicas):
         stop_service(fresh)
 
 
-@pytest.fixture
-def replicas(tmp_path, models_root):
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory, models_root):
+    """Three replicas and their balancer, shared by the module's tests (starting them is most of its time): each
+    test leaves the group serving and at most at another version, and replaces a replica it stops in the list."""
+    tmp_path = tmp_path_factory.mktemp("replicas")
     group = f"test-{uuid.uuid4().hex[:8]}"
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
@@ -139,6 +142,7 @@ def replicas(tmp_path, models_root):
 def test_a_swap_and_a_rollback_reach_every_replica_under_load(replicas, models_root):
     services, balancer, start, shared = replicas
     admin = {"Authorization": f"Bearer {services[0].token}"}
+    before = active_of(services[0])  # base, unless an earlier test of the module swapped
     version = write_query_checkpoint(shared, models_root / "all-MiniLM-L6-v2", "q-replicas", noise=0.3)
     with Load(balancer.url) as load:
         time.sleep(1.5)
@@ -154,15 +158,15 @@ def test_a_swap_and_a_rollback_reach_every_replica_under_load(replicas, models_r
         back = httpx.post(balancer.url + "/v1/checkpoints/rollback", headers=admin, timeout=120)
         rolled = time.monotonic()
         assert back.status_code == 200, back.text
-        assert set(back.json()["replicas"].values()) == {"committed"} and back.json()["active"] == "base"
-        assert [active_of(s) for s in services] == ["base"] * 3
+        assert set(back.json()["replicas"].values()) == {"committed"} and back.json()["active"] == before
+        assert [active_of(s) for s in services] == [before] * 3
         time.sleep(1.5)
     assert load.failures() == []
     assert sum(len(r) for r in load.records) > 30
     # nothing that started after a commit was answered at the version it replaced
     assert load.versions_after(committed, until=rolling) == {version}
-    assert load.versions_after(rolled) == {"base"}
-    swaps = ["base", version, "base"]
+    assert load.versions_after(rolled) == {before}
+    swaps = [before, version, before]
     for records in load.records:  # each client saw base, the new version, base again: never back and forth
         seen = [v for _, _, v in records]
         collapsed = [v for n, v in enumerate(seen) if n == 0 or seen[n - 1] != v]
