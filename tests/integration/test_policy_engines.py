@@ -5,13 +5,11 @@ the other does too, and it changed with the swap)."""
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import pytest
 
 from tests.conftest import policy_env, start_service, stop_service
-from tests.integration.test_policy_service import QUESTIONS, admin, write_adapter
+from tests.integration.test_policy_service import AgentLoad, admin, write_adapter
 
 pytestmark = pytest.mark.slow
 PROMPT = "Question: Who wrote the play Hamlet?\nAnswer:"
@@ -48,42 +46,15 @@ def test_a_swap_and_a_rollback_under_load_reach_both_engines(policy):
     version = write_adapter(policy, policy.env["BRIDGE_POLICY_MODEL_DIR"], "lora-pair", seed=0)
     registered = httpx.post(policy.url + "/v1/checkpoints", json={"path": version}, headers=admin(policy), timeout=120)
     assert registered.status_code == 200, registered.text
-    seen: list[list[str]] = [[] for _ in range(8)]
-    failures: list[str] = []
-    stop = threading.Event()
-
-    def client(worker: int) -> None:
-        with httpx.Client(base_url=policy.url, timeout=600) as http:
-            while not stop.is_set():
-                q = QUESTIONS[worker % len(QUESTIONS)]["question"]
-                response = http.post("/v1/agent/query", json={"question": q, "max_turns": 0})
-                if response.status_code == 200:
-                    seen[worker].append(response.json()["policy_version"])
-                else:
-                    failures.append(f"{response.status_code} {response.text[:200]}")
-
-    def answered() -> int:
-        return sum(len(s) for s in seen)
-
-    threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
-    for t in threads:
-        t.start()
-    try:
-        while answered() < 8:
-            threading.Event().wait(0.2)
+    with AgentLoad(policy.url) as load:
+        load.wait_for(8)
         activated = httpx.post(f"{policy.url}/v1/checkpoints/{version}/activate", headers=admin(policy), timeout=300)
-        swapped = answered()
-        while answered() < swapped + 16:
-            threading.Event().wait(0.2)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+        load.wait_for(load.answered() + 16)
     assert activated.status_code == 200 and activated.json()["active"] == version, activated.text
-    assert failures == []
-    for versions in seen:  # each client: base, then the new version, never back
+    assert load.failures == []
+    for versions in load.seen:  # each client: base, then the new version, never back
         assert versions == sorted(versions, key=lambda v: v == version), versions
-    assert {v for versions in seen for v in versions} == {"base", version}
+    assert {v for versions in load.seen for v in versions} == {"base", version}
     after = [greedy(port) for port in policy.engine_ports]
     assert after[0] == after[1] != before[0]  # the new weights, on both
     assert all(requests_served(port) > 0 for port in policy.engine_ports)  # both took generations

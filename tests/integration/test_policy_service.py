@@ -189,40 +189,58 @@ def write_adapter(service, model_dir: str, version: str, seed: int) -> str:
     return version
 
 
+class AgentLoad:
+    """`clients` threads asking the agent endpoint (no search) until the block ends: the versions that answered,
+    per client (`seen`) and in arrival order (`order`), and every failure."""
+
+    def __init__(self, url: str, clients: int = 8) -> None:
+        self.url, self.stop = url, threading.Event()
+        self.seen: list[list[str]] = [[] for _ in range(clients)]
+        self.order: list[str] = []
+        self.failures: list[str] = []
+        self.threads = [threading.Thread(target=self._run, args=(n,)) for n in range(clients)]
+
+    def _run(self, worker: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=600) as http:
+            while not self.stop.is_set():
+                q = QUESTIONS[worker % len(QUESTIONS)]["question"]
+                response = http.post("/v1/agent/query", json={"question": q, "max_turns": 0})
+                if response.status_code == 200:
+                    version = response.json()["policy_version"]
+                    self.seen[worker].append(version)
+                    self.order.append(version)
+                else:
+                    self.failures.append(f"{response.status_code} {response.text[:200]}")
+
+    def answered(self) -> int:
+        return len(self.order)
+
+    def wait_for(self, answers: int) -> None:
+        while self.answered() < answers:
+            threading.Event().wait(0.2)
+
+    def __enter__(self) -> AgentLoad:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
 def test_adapter_swaps_under_8_concurrent_clients(policy):
     version = write_adapter(policy, policy.env["BRIDGE_POLICY_MODEL_DIR"], "lora-1", seed=0)
     registered = httpx.post(policy.url + "/v1/checkpoints", json={"path": version}, headers=admin(policy), timeout=120)
     assert registered.status_code == 200, registered.text
-    seen: list[str] = []
-    failures: list[str] = []
-    stop = threading.Event()
-
-    def client(worker: int) -> None:
-        with httpx.Client(base_url=policy.url, timeout=600) as http:
-            while not stop.is_set():
-                q = QUESTIONS[worker % len(QUESTIONS)]["question"]
-                response = http.post("/v1/agent/query", json={"question": q, "max_turns": 0})
-                if response.status_code == 200:
-                    seen.append(response.json()["policy_version"])
-                else:
-                    failures.append(f"{response.status_code} {response.text[:200]}")
-
-    threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
-    for t in threads:
-        t.start()
-    try:
-        while len(seen) < 8:
-            threading.Event().wait(0.2)
+    with AgentLoad(policy.url) as load:
+        load.wait_for(8)
         activated = httpx.post(f"{policy.url}/v1/checkpoints/{version}/activate", headers=admin(policy), timeout=120)
-        swap_at = len(seen)
-        while len(seen) < swap_at + 16:
-            threading.Event().wait(0.2)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+        load.wait_for(load.answered() + 16)
+    seen = load.order
     assert activated.status_code == 200 and activated.json()["active"] == version
-    assert failures == []
+    assert load.failures == []
     assert set(seen) == {"base", version} and seen[-1] == version
     listing = httpx.get(policy.url + "/v1/checkpoints").json()
     assert listing["active"] == version and listing["previous"] == "base"
