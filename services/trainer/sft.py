@@ -106,15 +106,26 @@ def training_order(
     count), in a seeded shuffle; `epochs` may be fractional. Deterministic, so a resumed run sees the same order.
     `first` ('dataset:id' keys): the questions an earlier session already trained on, in its order, which open the
     first epoch (a continuation from an adapter whose examples were rebuilt elsewhere: its order goes on unchanged,
-    and none of its questions is seen twice in the epoch)."""
+    and nothing it saw is seen again in the epoch). A key listed n times takes n of that question's visits (a run
+    that repeats its two-search variants visits such a question more than once an epoch); listing it more often
+    than the epoch holds it means the adapter trained past its first epoch, which only its own state can resume."""
     rng = random.Random(seed)
     order: list[SFTExample] = []
     for epoch in range(math.ceil(epochs)):
         visit = [group[epoch % len(group)] for group in groups]
         if epoch == 0 and first:
-            by_key = {question_key(e): e for e in visit}
-            head = [by_key[k] for k in first if k in by_key]
-            rest = [e for e in visit if question_key(e) not in set(first)]
+            by_key: dict[str, list[SFTExample]] = {}
+            for e in visit:
+                by_key.setdefault(question_key(e), []).append(e)
+            head = []
+            for k in first:
+                if k not in by_key:  # not in this build (e.g. too long here): it is simply not trained on again
+                    continue
+                if not by_key[k]:
+                    raise ValueError(f"{k} was seen more often than one epoch visits it: the adapter trained past "
+                                     "its first epoch; continue it on the machine that holds its state")  # fmt: skip
+                head.append(by_key[k].pop(0))
+            rest = [e for pending in by_key.values() for e in pending]
             rng.shuffle(rest)
             visit = head + rest
         else:

@@ -239,3 +239,34 @@ def test_an_adapters_order_is_recomputed_from_its_manifest_and_its_held_out_kept
     continued = training_order(groups2, 1.0, config.seed, first=first)
     keys = [question_key(e) for e in continued]
     assert keys[:12] == first and len(keys) == len(set(keys)) == 34
+
+
+def test_a_run_that_repeats_its_two_search_variants_continues_from_its_adapter():
+    from services.trainer.sft import question_key, training_order
+    from services.trainer.warmstart import adapter_seen
+
+    examples = [
+        SFTExample(id=f"q{i}", dataset="hotpotqa", input_ids=[1, 2, 3], loss_mask=[0, 1, 1], kind="reading",
+                   variant=v, searches=["a", "b"] if i % 2 and v else ["a"], answer="x", answer_shown=True)
+        for i in range(20) for v in range(2)
+    ]  # fmt: skip
+    config = WarmstartConfig(heldout=4, seed=1, two_search_repeat=3)
+    groups, heldout = split_heldout(examples, config)
+    two_search = sum(1 for g in groups[:16] for e in g if len(e.searches) > 1)
+    assert two_search > 0 and len(groups) == 16 + 2 * two_search  # each two-search variant twice more
+    order = training_order(groups, 1.0, config.seed)
+    seen = [question_key(e) for e in order[:20]]
+    assert len(set(seen)) < len(seen)  # a question visited more than once in the first epoch
+    manifest = {"config": config.model_dump(), "data": {"seen": seen}, "training": {"examples_seen": 20}}
+    assert adapter_seen(manifest, config) == seen
+    # continued: what it saw opens the epoch, then exactly the visits it had not made yet
+    continued = training_order(groups, 1.0, config.seed, first=seen)
+    assert [question_key(e) for e in continued[:20]] == seen
+    assert sorted(map(question_key, continued)) == sorted(map(question_key, order))
+    # a question listed more often than an epoch visits it: past the first epoch, refused
+    with pytest.raises(ValueError, match="past its first epoch"):
+        training_order(groups, 1.0, config.seed, first=[*seen, "hotpotqa:q1", "hotpotqa:q1", "hotpotqa:q1"])
+    # without repeats, any repeat is a second epoch, refused from the manifest alone
+    plain = {**manifest, "config": WarmstartConfig(heldout=4, seed=1).model_dump()}
+    with pytest.raises(ValueError, match="past its first epoch"):
+        adapter_seen(plain, config)
