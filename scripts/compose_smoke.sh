@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# docker compose, for real: builds the images, starts the CPU profile, ingests the demo corpus, asks a question over
-# REST, runs one training round on the worker service, sees both services hot-swap to the new versions, rolls both
-# back, and shuts everything down. Exit 0 only when every step held. No argument: `bash scripts/compose_smoke.sh`.
+# docker compose, for real: builds the images, starts the CPU profile with two retriever replicas behind the balancer
+# (`--scale retriever=2`; BRIDGE_SMOKE_RETRIEVERS=N for another count), ingests the demo corpus, asks a question over
+# REST, runs one training round on the worker service, sees both services hot-swap to the new versions (every
+# retriever replica, asked directly, on the new one, holding every document), rolls both back (every replica back),
+# and shuts everything down. Exit 0 only when every step held. No argument: `bash scripts/compose_smoke.sh`.
 #
 # - Installs docker.io, docker-compose and debootstrap (apt-get) when missing, and starts a Docker engine (niced)
 #   when none answers; it stops what it started (trap), including the stack (`docker-compose down -v`).
@@ -24,6 +26,7 @@ die() { log "FAILED: $*"; exit 1; }
 LOW=(nice -n 19 ionice -c3)
 UP_TIMEOUT=${BRIDGE_SMOKE_UP_TIMEOUT:-3600}
 TRAIN_TIMEOUT=${BRIDGE_SMOKE_TRAIN_TIMEOUT:-2400}
+RETRIEVERS=${BRIDGE_SMOKE_RETRIEVERS:-2}
 PROJECT=bridge-smoke
 WORK=$(mktemp -d /var/tmp/bridge-smoke.XXXXXX)
 DOCKERD_PID=""
@@ -163,6 +166,7 @@ build() {  # tag dockerfile [build args...]
 }
 build bridge-base docker/base.Dockerfile --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "TORCH_INDEX=$TORCH_INDEX"
 build bridge-retriever docker/retriever.Dockerfile
+build bridge-balancer docker/balancer.Dockerfile
 build bridge-trainer docker/trainer.Dockerfile
 build bridge-policy docker/policy.Dockerfile
 [ "$OFFLINE" = 1 ] && build bridge-redis docker/redis.Dockerfile
@@ -185,13 +189,13 @@ BRIDGE_POLICY_PORT=$PPORT
 BRIDGE_CONSOLE_PORT=$CPORT
 BRIDGE_BASE_IMAGE=$BASE_IMAGE
 EOF
-{ echo "services:"; for s in base models qdrant redis retriever policy worker console; do echo "  $s: {cpu_shares: 2}"; done; } \
+{ echo "services:"; for s in base models qdrant redis retriever retriever-lb policy worker console; do echo "  $s: {cpu_shares: 2}"; done; } \
   >"$WORK/compose.smoke.yml"
 compose config -q || die "docker-compose config"
 STACK=1
 STEP="up"
-log "docker-compose --profile cpu up -d (models, redis, qdrant, retriever, policy with vLLM-CPU, worker, console)"
-compose up -d --no-build >"$WORK/up.log" 2>&1 &
+log "docker-compose --profile cpu up -d --scale retriever=$RETRIEVERS (models, redis, qdrant, $RETRIEVERS retrievers behind retriever-lb, policy with vLLM-CPU, worker, console)"
+compose up -d --no-build --scale "retriever=$RETRIEVERS" >"$WORK/up.log" 2>&1 &
 UP_PID=$!
 deadline=$((SECONDS + UP_TIMEOUT))
 while kill -0 "$UP_PID" 2>/dev/null; do
@@ -227,6 +231,25 @@ R=http://127.0.0.1:$RPORT
 P=http://127.0.0.1:$PPORT
 api() { curl -fsS -m "${TIMEOUT:-60}" "$@"; }
 active() { api "$1/v1/checkpoints" | python3 -c 'import json, sys; print(json.load(sys.stdin)["active"])'; }
+# each retriever replica's /readyz, asked inside its container (not through the balancer): "<version> <documents>"
+replicas() {
+  local ids
+  ids=$(docker ps -q --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=retriever")
+  for c in $ids; do
+    docker exec "$c" python -c 'import json, urllib.request
+r = json.load(urllib.request.urlopen("http://127.0.0.1:8001/readyz", timeout=30)); print(r["retriever_version"], r["documents"])'
+  done
+}
+# every replica on version $1 with the same, non-zero document count, and as many replicas as asked for
+replicas_on() {
+  local seen
+  for _ in $(seq 30); do  # a replica flips within the group's lag bound (30 s)
+    seen=$(replicas | sort | uniq -c | awk '{print $2 "x" $1 ":" $3}' | paste -sd' ' -)
+    [ "$seen" = "${1}x${RETRIEVERS}:$2" ] && { echo "  replicas: $seen"; return 0; }
+    sleep 2
+  done
+  echo "  replicas: $seen (expected ${1}x${RETRIEVERS}:$2)"; return 1
+}
 
 STEP="ingest"
 corpus=$(compose exec -T retriever python -c 'import pathlib, services; print(pathlib.Path(services.__file__).parent / "demo_data" / "hotpotqa_corpus.jsonl")' | tr -d '\r')
@@ -234,7 +257,11 @@ log "ingest: $corpus (the shipped demo corpus) into the retriever"
 compose exec -T retriever bridge-entrypoint bridge-rl ingest "$corpus" --url http://127.0.0.1:8001 2>"$WORK/ingest.err" \
   | python3 -c 'import json, sys; r = json.load(sys.stdin); print("  ingested:", r)' \
   || { cat "$WORK/ingest.err"; die "ingest"; }
-echo "  retriever /readyz: $(api "$R/readyz")"
+echo "  retriever /readyz (through retriever-lb): $(api "$R/readyz")"
+DOCS=$(api "$R/readyz" | python3 -c 'import json, sys; print(json.load(sys.stdin)["documents"])')
+[ "$DOCS" -gt 0 ] || die "no document in the retriever"
+R00=$(active "$R")
+replicas_on "$R00" "$DOCS" || die "the $RETRIEVERS retriever replicas do not all hold the $DOCS documents at $R00"
 
 STEP="ask"
 QUESTION=$(head -1 services/demo_data/hotpotqa_train.jsonl | python3 -c 'import json, sys; print(json.load(sys.stdin)["question"])')
@@ -269,6 +296,7 @@ STEP="hot swap"
 R1=$(active "$R"); P1=$(active "$P")
 log "active after training: retriever $R1, policy $P1"
 [ "$R1" != "$R0" ] || die "the retriever still serves $R0"
+replicas_on "$R1" "$DOCS" || die "not every retriever replica serves $R1"
 [ "$P1" != "$P0" ] || die "the policy still serves $P0"
 
 STEP="rollback"
@@ -279,4 +307,5 @@ done
 R2=$(active "$R"); P2=$(active "$P")
 log "active after rollback: retriever $R2, policy $P2"
 [ "$R2" = "$R0" ] && [ "$P2" = "$P0" ] || die "rollback did not restore $R0 / $P0"
+replicas_on "$R0" "$DOCS" || die "not every retriever replica is back on $R0"
 STEP="down"

@@ -35,8 +35,8 @@ def test_compose_config_is_valid(profile, files):
     assert result.returncode == 0, result.stderr
     services = set(yaml.safe_load(result.stdout)["services"])
     # docker-compose 1.29 lists every service whatever the profile; which profile runs what is checked below
-    expected = {"base", "models", "qdrant", "redis", "retriever", "policy", "vllm", "policy-gpu", "worker",
-                "worker-gpu", "console"}  # fmt: skip
+    expected = {"base", "models", "qdrant", "redis", "retriever", "retriever-lb", "policy", "vllm", "policy-gpu",
+                "worker", "worker-gpu", "console"}  # fmt: skip
     assert services == expected
 
 
@@ -189,3 +189,33 @@ def test_gpu_services_reserve_a_gpu_and_cpu_workers_do_not():
     assert services["worker-gpu"]["build"]["args"]["TORCH_INDEX"].startswith("https://download.pytorch.org/whl/cu")
     gpu_env = {k: v for k, v in services["worker-gpu"]["environment"].items() if k != "BRIDGE_TRAINER_DEVICE"}
     assert gpu_env == services["worker"]["environment"]  # one definition (anchor), plus the device
+
+
+def test_retriever_replicas_scale_behind_one_balancer():
+    """`--scale retriever=N`: no replica publishes a port (N would collide), every client goes through the balancer,
+    which follows the service's DNS name; the replicas form one swap group with a state folder each."""
+    services = _compose()["services"]
+    retriever, balancer = services["retriever"], services["retriever-lb"]
+    assert "ports" not in retriever and retriever["expose"] == ["8001"]
+    assert balancer["ports"] == ["${BRIDGE_BIND:-127.0.0.1}:${BRIDGE_RETRIEVER_PORT:-8001}:8001"]
+    assert balancer["depends_on"] == {"retriever": {"condition": "service_healthy"}}
+    assert retriever["environment"]["BRIDGE_RETRIEVER_REPLICA_GROUP"]
+    assert "{hostname}" in retriever["environment"]["BRIDGE_RETRIEVER_STATE_DIR"]
+    text = (REPO / "docker-compose.yml").read_text()
+    assert "http://retriever:8001" not in text  # nobody bypasses the balancer
+    for name, svc in services.items():
+        if name not in {"retriever", "retriever-lb"} and "retriever" in svc.get("depends_on", {}):
+            raise AssertionError(f"{name} waits for one replica instead of the balancer")
+    dockerfile = (REPO / "docker" / "balancer.Dockerfile").read_text()
+    assert "haproxy" in dockerfile and '"bridge-rl", "balance", "retriever:8001"' in dockerfile
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (.ci/run installs Debian's)")
+def test_the_balancers_dns_configuration_is_accepted_by_haproxy(tmp_path):
+    from services.cli.balancer import checked_command, haproxy_dns_config
+
+    config = haproxy_dns_config(8001, "retriever", 8001, max_replicas=8)
+    assert "server-template r 1-8 retriever:8001 check resolvers dns init-addr none" in config
+    assert "nameserver ns 127.0.0.11:53" in config  # Docker's embedded DNS
+    command = checked_command(config, tmp_path)  # haproxy -c refuses a bad one with its reason
+    assert command[-1] == str(tmp_path / "haproxy.cfg")

@@ -21,6 +21,29 @@ def haproxy_config(port: int, backends: Sequence[tuple[str, int]], *, host: str 
                    check_ms: int = 500) -> str:  # fmt: skip
     """An HTTP load balancer on host:port over `backends` ((host, port) each), round robin, /readyz checks."""
     servers = "\n".join(f"  server r{n} {h}:{p} check" for n, (h, p) in enumerate(backends))
+    return _config(port, host, check_ms, servers)
+
+
+def haproxy_dns_config(port: int, service: str, service_port: int, *, max_replicas: int = 16, host: str = "0.0.0.0",
+                       nameserver: str = "127.0.0.11:53", check_ms: int = 500) -> str:  # fmt: skip
+    """The same balancer over every address the name `service` resolves to (compose's `--scale service=N`: Docker's
+    DNS at 127.0.0.11 answers one address per replica): up to `max_replicas` slots, filled and emptied as replicas
+    come and go (re-resolved every second), so scaling needs no restart of the balancer."""
+    servers = f"  server-template r 1-{max_replicas} {service}:{service_port} check resolvers dns init-addr none"
+    resolvers = f"""resolvers dns
+  nameserver ns {nameserver}
+  accepted_payload_size 8192
+  resolve_retries 3
+  timeout resolve 1s
+  timeout retry 1s
+  hold valid 1s
+  hold obsolete 5s
+
+"""
+    return _config(port, host, check_ms, servers, resolvers)
+
+
+def _config(port: int, host: str, check_ms: int, servers: str, resolvers: str = "") -> str:
     return f"""global
   maxconn 1024
 
@@ -34,7 +57,7 @@ defaults
   option http-buffer-request
   retry-on conn-failure empty-response response-timeout 503
 
-frontend bridge
+{resolvers}frontend bridge
   bind {host}:{port}
   default_backend replicas
 
@@ -58,10 +81,15 @@ def haproxy_command(port: int, backends: Sequence[tuple[str, int]], folder: Path
                     host: str = "127.0.0.1") -> list[str]:  # fmt: skip
     """The command line of haproxy over `backends` on `port`, its configuration written to `folder` and checked
     first (a ValueError with haproxy's reason when it refuses it)."""
+    return checked_command(haproxy_config(port, backends, host=host), folder)
+
+
+def checked_command(config: str, folder: Path) -> list[str]:
+    """haproxy's command line for `config`, written to `folder`/haproxy.cfg and checked by haproxy first."""
     binary = haproxy_binary()
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "haproxy.cfg"
-    config_path.write_text(haproxy_config(port, backends, host=host))
+    config_path.write_text(config)
     check = subprocess.run([binary, "-c", "-f", str(config_path)], capture_output=True, text=True)
     if check.returncode != 0:
         raise ValueError(f"haproxy refused its configuration: {check.stdout}{check.stderr}")

@@ -1,4 +1,4 @@
-"""`bridge-rl prepare | serve | ingest | worker | up | demo`: models, services and the whole stack."""
+"""`bridge-rl prepare | serve | balance | ingest | worker | up | demo`: models, services and the whole stack."""
 
 from __future__ import annotations
 
@@ -71,6 +71,34 @@ def serve(
 
         settings = PolicySettings()
     uvicorn.run(build_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
+
+
+@app.command()
+def balance(
+    service: Annotated[
+        str, typer.Argument(help="NAME:PORT of the replicated service, e.g. retriever:8001 (compose's service name).")
+    ],
+    port: Annotated[int, typer.Option(help="Port clients use.")] = 8001,
+    host: Annotated[str, typer.Option(help="Bind address.")] = "0.0.0.0",
+    max_replicas: Annotated[int, typer.Option(min=1, max=256, help="Most replicas it will route to.")] = 16,
+    nameserver: Annotated[str, typer.Option(help="DNS server that knows the replicas (Docker's).")] = "127.0.0.11:53",
+    config_dir: Annotated[Path, typer.Option(help="Where haproxy.cfg is written.")] = Path("/tmp/bridge-balancer"),
+) -> None:
+    """HAProxy in front of every replica NAME resolves to (compose's `--scale retriever=N`), health-checked on
+    /readyz: replicas that come, go or drop out of rotation during a swap are followed without a restart."""
+    from services.cli.balancer import checked_command, haproxy_dns_config
+
+    name, _, service_port = service.rpartition(":")
+    if not name or not service_port.isdigit():
+        raise typer.BadParameter(f"{service!r} is not NAME:PORT", param_hint="SERVICE")
+    config = haproxy_dns_config(port, name, int(service_port), max_replicas=max_replicas, host=host,
+                                nameserver=nameserver)  # fmt: skip
+    try:
+        command = checked_command(config, config_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="SERVICE") from exc
+    typer.echo(f"balancing {host}:{port} over {name}:{service_port} (up to {max_replicas} replicas)", err=True)
+    os.execv(command[0], command)
 
 
 @app.command()

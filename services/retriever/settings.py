@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -45,7 +46,8 @@ class RetrieverSettings(CommonSettings):
     state_dir_override: Path | None = Field(
         None,
         validation_alias=AliasChoices("BRIDGE_RETRIEVER_STATE_DIR", "state_dir"),
-        description="Index, registry and document-log offset (default <data_dir>/retriever): one per replica.",
+        description="Index, registry and document-log offset (default <data_dir>/retriever): one per replica; "
+        "`{hostname}` in it is this host's name (compose's replicas share one volume, a folder each).",
     )
     replica_lag_bound_s: float = Field(
         30.0, gt=0, le=3600, description="How long a swap waits for a slow replica before committing without it."
@@ -78,4 +80,6 @@ class RetrieverSettings(CommonSettings):
 
     @property
     def state_dir(self) -> Path:
-        return self.state_dir_override or self.data_dir / "retriever"
+        if self.state_dir_override is None:
+            return self.data_dir / "retriever"
+        return Path(str(self.state_dir_override).replace("{hostname}", socket.gethostname()))

@@ -123,3 +123,18 @@ def test_replicas_without_haproxy_are_a_one_line_launch_error(tmp_path, monkeypa
     with pytest.raises(LaunchError, match="--retriever-replicas 2 puts HAProxy in front: haproxy is not installed"):
         stack.start_retriever()
     assert stack.processes == []  # nothing started before the check
+
+
+def test_balance_refuses_a_service_without_its_port_and_writes_a_checked_config(tmp_path, monkeypatch):
+    from services.cli.main import app
+
+    result = CliRunner().invoke(app, ["balance", "retriever", "--config-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "is not NAME:PORT" in result.output
+    executed: list[list[str]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: executed.append(argv))
+    monkeypatch.setattr("services.cli.balancer.haproxy_binary", lambda: "/bin/true")  # `-c` of a config: exit 0
+    result = CliRunner().invoke(app, ["balance", "retriever:8001", "--port", "9001", "--config-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert executed == [["/bin/true", "-db", "-f", str(tmp_path / "haproxy.cfg")]]
+    config = (tmp_path / "haproxy.cfg").read_text()
+    assert "bind 0.0.0.0:9001" in config and "server-template r 1-16 retriever:8001" in config

@@ -1,4 +1,5 @@
 import stat
+from pathlib import Path
 
 from services.common.settings import CommonSettings
 from services.retriever.settings import RetrieverSettings
@@ -58,3 +59,13 @@ def test_merged_adapter_serving_needs_vllm_and_auto_picks_by_device(monkeypatch)
     assert PolicySettings(adapter_serving="merged").serves_merged
     with pytest.raises(ValidationError, match="transformers engine serves LoRA"):
         PolicySettings(adapter_serving="merged", engine="transformers")
+
+
+def test_a_retrievers_state_dir_may_name_its_host(monkeypatch, tmp_path):
+    """compose's replicas share one volume: `{hostname}` gives each its own folder in it (and none by default)."""
+    import socket
+
+    monkeypatch.setenv("BRIDGE_DATA_DIR", str(tmp_path))
+    assert RetrieverSettings().state_dir == tmp_path / "retriever"
+    monkeypatch.setenv("BRIDGE_RETRIEVER_STATE_DIR", "/data/retriever/{hostname}")
+    assert RetrieverSettings().state_dir == Path("/data/retriever") / socket.gethostname()
