@@ -427,10 +427,13 @@ def write_adapter(model: Any, out: Path, manifest: dict[str, Any]) -> dict[str, 
     return manifest
 
 
-def cached_examples(path: Path, pools: dict[str, list[PoolItem]], items: Sequence[PoolItem]) -> list[SFTExample]:
+def cached_examples(path: Path, pools: dict[str, list[PoolItem]], items: Sequence[PoolItem], *,
+                    same_config: bool = False) -> list[SFTExample]:  # fmt: skip
     """The examples kept at `path` when they are exactly the questions this run draws; [] when there are none or
     they were built for another draw (datasets, count, seed): the caller builds anew. An example that is not a
-    training-pool question (the evaluation split, another file) is refused, never trained on."""
+    training-pool question (the evaluation split, another file) is refused, never trained on. `same_config`: the
+    examples are a resumed run's own (its config checked equal), so they were built from this very draw, and a drawn
+    question that gave no example (a build may drop one) does not make them another draw."""
     if not path.exists():
         return []
     examples = [SFTExample.model_validate_json(line) for line in path.open()]
@@ -438,7 +441,8 @@ def cached_examples(path: Path, pools: dict[str, list[PoolItem]], items: Sequenc
     missing = [e for e in examples if (e.dataset, e.id) not in pool_ids]
     if missing:
         raise SplitViolation(f"{len(missing)} example(s) are not training-pool questions, e.g. {missing[0].id}")
-    if {(e.dataset, e.id) for e in examples} != {(i.dataset, i.id) for i in items}:
+    built, drawn = {(e.dataset, e.id) for e in examples}, {(i.dataset, i.id) for i in items}
+    if not (built <= drawn if same_config else built == drawn):
         print(f"{path}: built for another draw of questions; rebuilding", file=sys.stderr)
         return []
     return examples
@@ -670,7 +674,7 @@ def run_warmstart(
     stored = state_dir / "examples.jsonl"
     if resume and stored.exists():
         resumable_config(state_dir, config)
-        examples = cached_examples(stored, pools, items)
+        examples = cached_examples(stored, pools, items, same_config=True)
         if not examples:
             raise ValueError(f"{stored}: its questions are not this config's draw")
     else:

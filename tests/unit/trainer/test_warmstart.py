@@ -196,6 +196,10 @@ def test_a_cached_example_set_is_used_only_for_the_same_draw(tmp_path, tokenizer
     assert cached_examples(cache, {"hotpotqa": pool}, pool[:2]) == kept
     # another draw (more questions, or another dataset's): built anew, not silently reused
     assert cached_examples(cache, {"hotpotqa": pool}, pool) == []
+    # a resumed run's own examples (its config checked equal): a drawn question that gave no example is no other draw
+    assert cached_examples(cache, {"hotpotqa": pool}, pool, same_config=True) == kept
+    # ...but a question it did not draw still is
+    assert cached_examples(cache, {"hotpotqa": pool}, [pool[0], pool[2]], same_config=True) == []
     # a kept question that is not in the training pool (e.g. from the evaluation split) is refused
     with pytest.raises(SplitViolation, match="not training-pool questions"):
         cached_examples(cache, {"hotpotqa": pool[1:]}, pool[1:])
