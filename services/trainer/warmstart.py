@@ -712,7 +712,17 @@ def run_warmstart(
     first = plan.first if plan else []
     placement = Placement.resolve(device, cpu_bf16=True)
     model.to(placement.device)
-    state = train(model, groups, heldout, config, placement, state_dir, resume=resume, continued=continued, first=first)
+    try:
+        state = train(model, groups, heldout, config, placement, state_dir, resume=resume, continued=continued,
+                      first=first)  # fmt: skip
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: train() wrote its checkpoint first, and the weights here are that checkpoint's; the
+        # session still ends with its adapter (unfinished: --resume goes on), as a --max-minutes stop does
+        saved = checkpoint_folder(state_dir)
+        if saved is None:
+            raise
+        state = SFTState.model_validate_json((saved / "state.json").read_text())
+        print(f"stopped by a signal at step {state.step}: writing the adapter", file=sys.stderr)
     model.to("cpu")  # the adapter is written from the CPU (write_adapter casts it to bf16 there)
     stage = plan.stage if plan else 1
     earlier = plan.earlier_trained if plan else {}

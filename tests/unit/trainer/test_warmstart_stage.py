@@ -31,7 +31,9 @@ def _row(i: int, question: str, answer: str, support: list[str]) -> dict:
             "metadata": {"supporting_doc_ids": support}}  # fmt: skip
 
 
-def test_a_stage_starts_from_the_adapter_with_another_recipe(tmp_path, policy_models_root):
+def _runner(tmp_path, policy_models_root):
+    """A tiny training pool (5 questions after a 100-question evaluation split) and its corpus: `run(config, name,
+    **kwargs)` trains on it with the real 135M into tmp_path/name."""
     qa = tmp_path / "qa"
     qa.mkdir()
     rows = [_row(i, f"Evaluation question {i}?", "x", ["k"]) for i in range(100)]  # the evaluation split
@@ -57,9 +59,17 @@ def test_a_stage_starts_from_the_adapter_with_another_recipe(tmp_path, policy_mo
                              command="bridge-rl warmstart (test)", state_dir=tmp_path / f"state-{name}",
                              device="cpu", **kwargs)  # fmt: skip
 
-    base = WarmstartConfig(datasets=["hotpotqa"], heldout=1, epochs=1.0, batch_size=2, warmup_steps=0, lr=1e-3,
-                           lora_rank=2, lora_alpha=4, target_modules=["q_proj"], max_len=1024,
-                           reading=ReadingRecipe(variants=1, gold_missing=0.0, candidates=6))  # fmt: skip
+    return run
+
+
+BASE = WarmstartConfig(datasets=["hotpotqa"], heldout=1, epochs=1.0, batch_size=2, warmup_steps=0, lr=1e-3,
+                       lora_rank=2, lora_alpha=4, target_modules=["q_proj"], max_len=1024,
+                       reading=ReadingRecipe(variants=1, gold_missing=0.0, candidates=6))  # fmt: skip
+
+
+def test_a_stage_starts_from_the_adapter_with_another_recipe(tmp_path, policy_models_root):
+    run = _runner(tmp_path, policy_models_root)
+    base = BASE
     first = run(base, "stage1")
     assert first["stage"] == 1 and first["version"] == f"warmstart-reading-0-step{first['training']['steps']}"
 
@@ -83,3 +93,28 @@ def test_a_stage_starts_from_the_adapter_with_another_recipe(tmp_path, policy_mo
     assert plan.stage == 2 and plan.initialised_from == second["initialised_from"]
     assert plan.earlier_trained == first["data"]["trained_ids"] and plan.state["step"] == second["training"]["steps"]
     assert verify_adapter(tmp_path / "stage2")["stage"] == 2
+
+
+def test_a_run_stopped_by_a_signal_still_writes_its_adapter(tmp_path, policy_models_root, monkeypatch):
+    """Ctrl-C or SIGTERM mid-run: the checkpoint is written, then the adapter at that step (unfinished), as a
+    --max-minutes stop does; --resume goes on from it. The signal is raised where it would land: in the middle of
+    the second step (its first example's loss)."""
+    from services.trainer import sft
+
+    run = _runner(tmp_path, policy_models_root)
+    real, calls = sft.weighted_nll, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # step 1 took two examples; the signal arrives in step 2
+            raise KeyboardInterrupt("signal 15")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "weighted_nll", interrupted)
+    manifest = run(BASE, "stopped")
+    assert manifest["training"]["steps"] == 1 and manifest["training"]["finished"] is False
+    assert manifest["training"]["steps"] < manifest["training"]["total_steps"]
+    assert verify_adapter(tmp_path / "stopped")["version"] == "warmstart-reading-0-step1"
+    monkeypatch.setattr(sft, "weighted_nll", real)
+    resumed = run(BASE, "stopped", resume=True)  # the same state dir: it goes on from step 1 to the end
+    assert resumed["training"]["steps"] == resumed["training"]["total_steps"] > 1
