@@ -16,10 +16,6 @@ from services.trainer.device import Placement
 from tests.conftest import REPO, free_port, policy_env, start_service, stop_service
 
 pytestmark = pytest.mark.slow
-# Candidates per search (M) in these rounds: a round's train step is mostly the policy's forward and backward over
-# every candidate of every search (Q and the coupling), so 5 instead of the default 20 cuts it by more than half
-# (issue 41) and still samples top_k = 3 of them, exercising the same code.
-CANDIDATES = 5
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +82,7 @@ def test_two_bridge_rounds_publish_retriever_then_policy(stack):
     retriever, policy = stack["retriever"], stack["policy"]
     print(train(stack, "--algo", "bridge", "--estimator", "two-state", "--dataset", "hotpotqa", "--rounds", "2",
                 "--questions-per-round", "2", "--group-size", "2", "--seed", "0", "--max-turns", "1",
-                "--set", "algo.max_grad_norm=0.5", "--set", f"candidates={CANDIDATES}",
-                "--run-id", "it-bridge").stdout)  # fmt: skip
+                "--set", "algo.max_grad_norm=0.5", "--run-id", "it-bridge").stdout)  # fmt: skip
     rows = metrics(stack, "it-bridge")
     assert [r["round"] for r in rows] == [0, 1]
     for row in rows:
@@ -210,7 +205,7 @@ def test_fresh_rollouts_round_publishes_the_retriever_before_collecting_again(st
     train(stack, "--algo", "bridge", "--estimator", "two-state", "--policy-rollouts", "fresh", "--dataset",
           "hotpotqa", "--rounds", "1",
           "--questions-per-round", "2", "--group-size", "2", "--seed", "3", "--max-turns", "1",
-          "--set", f"candidates={CANDIDATES}", "--run-id", run_id)  # fmt: skip
+          "--run-id", run_id)  # fmt: skip
     new_retriever, new_policy = f"{run_id}-r0-retriever", f"{run_id}-r0-policy"
     [row] = metrics(stack, run_id)
     assert row["policy_rollouts"] == "fresh"
