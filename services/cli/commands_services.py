@@ -87,6 +87,7 @@ def balance(
     """HAProxy in front of every replica NAME resolves to (compose's `--scale retriever=N`), health-checked on
     /readyz: replicas that come, go or drop out of rotation during a swap are followed without a restart."""
     from services.cli.balancer import checked_command, haproxy_dns_config
+    from services.cli.launcher import LaunchError
 
     name, _, service_port = service.rpartition(":")
     if not name or not service_port.isdigit():
@@ -95,8 +96,8 @@ def balance(
                                 nameserver=nameserver)  # fmt: skip
     try:
         command = checked_command(config, config_dir)
-    except (FileNotFoundError, ValueError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="SERVICE") from exc
+    except (FileNotFoundError, ValueError) as exc:  # no haproxy, or it refused the configuration: one line, exit 1
+        raise LaunchError(f"the balancer cannot start: {exc}") from exc
     typer.echo(f"balancing {host}:{port} over {name}:{service_port} (up to {max_replicas} replicas)", err=True)
     os.execv(command[0], command)
 
