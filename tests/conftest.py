@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +42,28 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "corpus").exists():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+class ClientThreads:
+    """`clients` threads, each running `self._run(n)` until the `with` block ends (`stop` is set), then joined:
+    the shared part of the tests' load generators (a subclass writes `_run` and what it records)."""
+
+    def __init__(self, url: str, clients: int, *, daemon: bool = False, join_timeout: float | None = None) -> None:
+        self.url, self.stop, self.join_timeout = url, threading.Event(), join_timeout
+        self.threads = [threading.Thread(target=self._run, args=(n,), daemon=daemon) for n in range(clients)]
+
+    def _run(self, n: int) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=self.join_timeout)
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 from services.common.answers import em_format_score, exact_match, extract_answer, trajectory_text
 from services.common.checkpoints import publish_checkpoint, staging_dir
 from services.common.schemas.policy import TrajectoryRecord
-from tests.conftest import REPO, policy_env, start_service, stop_service
+from tests.conftest import REPO, ClientThreads, policy_env, start_service, stop_service
 
 pytestmark = pytest.mark.slow
 QUESTIONS = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_train.jsonl").open()]
@@ -198,16 +198,15 @@ def write_adapter(service, model_dir: str, version: str, seed: int) -> str:
     return version
 
 
-class AgentLoad:
+class AgentLoad(ClientThreads):
     """`clients` threads asking the agent endpoint (no search) until the block ends: the versions that answered,
     per client (`seen`) and in arrival order (`order`), and every failure."""
 
     def __init__(self, url: str, clients: int = 8) -> None:
-        self.url, self.stop = url, threading.Event()
+        super().__init__(url, clients)
         self.seen: list[list[str]] = [[] for _ in range(clients)]
         self.order: list[str] = []
         self.failures: list[str] = []
-        self.threads = [threading.Thread(target=self._run, args=(n,)) for n in range(clients)]
 
     def _run(self, worker: int) -> None:
         with httpx.Client(base_url=self.url, timeout=600) as http:
@@ -227,16 +226,6 @@ class AgentLoad:
     def wait_for(self, answers: int) -> None:
         while self.answered() < answers:
             threading.Event().wait(0.2)
-
-    def __enter__(self) -> AgentLoad:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
 
 GREEDY_PROMPT = "Question: Who wrote the play Hamlet?\nAnswer:"

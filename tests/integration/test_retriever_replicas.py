@@ -19,7 +19,7 @@ import pytest
 from services.cli.balancer import Balancer
 from services.cli.ingest import ingest_file
 from services.common.clients.retriever import RetrieverClient
-from tests.conftest import REPO, free_port, start_service, stop_service
+from tests.conftest import REPO, ClientThreads, free_port, start_service, stop_service
 from tests.integration.test_retriever_service import write_query_checkpoint
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None and not Path("/usr/sbin/haproxy").exists(),
@@ -29,13 +29,12 @@ REDIS = os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 QUERIES = ["Animorphs science fantasy series", "Who wrote the novel Hamlet?", "Scott Derrickson director"]
 
 
-class Load:
+class Load(ClientThreads):
     """Sequential clients (one conversation each) searching through the balancer, every response recorded."""
 
     def __init__(self, url: str, clients: int = 3) -> None:
-        self.url, self.stop = url, threading.Event()
+        super().__init__(url, clients, daemon=True, join_timeout=60)
         self.records: list[list[tuple[float, int, str | None]]] = [[] for _ in range(clients)]
-        self.threads = [threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(clients)]
 
     def _run(self, n: int) -> None:
         with httpx.Client(timeout=60) as client:
@@ -47,16 +46,6 @@ class Load:
                     self.records[n].append((started, r.status_code, version))
                 except httpx.HTTPError as exc:
                     self.records[n].append((started, 0, repr(exc)))
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=60)
 
     def failures(self) -> list[tuple[float, int, str | None]]:
         return [r for records in self.records for r in records if r[1] != 200]
