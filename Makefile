@@ -4,6 +4,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Test processes (pytest-xdist, a module to a worker): on 2 cores the suite leaves a third of the CPU idle while
+# services start and subprocesses import, and a second worker fills it. Each worker starts its own services, so
+# more workers than cores only add memory.
+TEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml scripts/install.sh
 	PY=$(PY) VENV=$(VENV) bash scripts/install.sh
@@ -15,10 +19,10 @@ demo: $(STAMP)
 	$(BIN)/bridge-rl demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not heavy"
+	$(BIN)/python -m pytest -q -m "not heavy" -n $(TEST_WORKERS) --dist loadfile
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
