@@ -4,10 +4,6 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Test processes (pytest-xdist, a module to a worker): on 2 cores the suite leaves a third of the CPU idle while
-# services start and subprocesses import, and a second worker fills it. Each worker starts its own services, so
-# more workers than cores only add memory.
-TEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml scripts/install.sh
 	PY=$(PY) VENV=$(VENV) bash scripts/install.sh
@@ -19,10 +15,10 @@ demo: $(STAMP)
 	$(BIN)/bridge-rl demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not heavy" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -m "not heavy"
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

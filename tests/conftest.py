@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("BRIDGE_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -34,16 +33,8 @@ def models_root() -> Path:
     from services.common.settings import CommonSettings
 
     settings = CommonSettings(data_dir=MODELS_CACHE)
-    with preparing():
-        prepare_retriever_model(settings.retriever_model_dir)
+    prepare_retriever_model(settings.retriever_model_dir)
     return settings.models_dir
-
-
-def preparing() -> FileLock:
-    """Held while a model is prepared: the suite runs in several pytest-xdist workers, and a second worker must
-    find the model the first one wrote rather than rename its own copy over it."""
-    MODELS_CACHE.mkdir(parents=True, exist_ok=True)
-    return FileLock(MODELS_CACHE / ".prepare.lock")
 
 
 @pytest.fixture(scope="session")
@@ -167,8 +158,7 @@ def session_retriever_factory(tmp_path_factory, models_root) -> Iterator:
 def policy_models_root(models_root) -> Path:
     from services.cli.prepare import prepare_policy_model
 
-    with preparing():
-        prepare_policy_model(models_root / "SmolLM2-135M-Instruct")
+    prepare_policy_model(models_root / "SmolLM2-135M-Instruct")
     return models_root
 
 
