@@ -69,11 +69,10 @@ BASE = WarmstartConfig(datasets=["hotpotqa"], heldout=1, epochs=1.0, batch_size=
 
 def test_a_stage_starts_from_the_adapter_with_another_recipe(tmp_path, policy_models_root):
     run = _runner(tmp_path, policy_models_root)
-    base = BASE
-    first = run(base, "stage1")
+    first = run(BASE, "stage1")
     assert first["stage"] == 1 and first["version"] == f"warmstart-reading-0-step{first['training']['steps']}"
 
-    bridged = base.model_copy(update={"reading": base.reading.model_copy(update={"bridge": 1.0})})
+    bridged = BASE.model_copy(update={"reading": BASE.reading.model_copy(update={"bridge": 1.0})})
     with pytest.raises(ValueError, match="reading"):  # another recipe does not continue the run
         run(bridged, "refused", continue_from=tmp_path / "stage1")
     second = run(bridged, "stage2", init_from=tmp_path / "stage1")
