@@ -174,6 +174,9 @@ def policy_env(models_root: Path, retriever_url: str, **extra: str) -> dict[str,
         "BRIDGE_POLICY_FEEDBACK_STREAM": f"bridge:test-feedback:{uuid.uuid4().hex[:8]}",
         "REDIS_URL": os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
         "VLLM_CACHE_ROOT": str(REPO / ".cache" / "vllm"),
+        # The services under test start in 42 s instead of 60-75 (bench/engine_start.py): what they check is the
+        # service on a real vLLM engine, not torch.compile; tests/e2e/test_up.py starts `up` compiled, as a user's.
+        "BRIDGE_POLICY_VLLM_ENFORCE_EAGER": "true",
         **extra,
     }
 

@@ -38,6 +38,8 @@ class EngineError(Exception):
 
 class Engine(ABC):
     tokenizer: PreTrainedTokenizerBase
+    # Whether start() compiles into a cache that other copies of the engine then load (EnginePool starts it alone).
+    compiles: bool = False
 
     @abstractmethod
     async def start(self) -> None: ...

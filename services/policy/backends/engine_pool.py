@@ -28,17 +28,15 @@ class EnginePool(Engine):
         self.served = [0] * len(self.engines)  # generations each copy took (the load spread, for tests and logs)
 
     async def start(self) -> None:
-        # One after the other: the first start compiles into the shared compile cache, the others load it.
-        started: list[Engine] = []
-        try:
-            for engine in self.engines:
-                await engine.start()
-                started.append(engine)
-        except BaseException:
-            for engine in started:
-                with contextlib.suppress(Exception):
-                    await engine.stop()
-            raise
+        # A copy that compiles starts alone and fills the shared compile cache; the rest then start at once and load
+        # it. Copies that do not compile (vLLM eager, the CPU default) all start at once.
+        first = 1 if self.engines[0].compiles else 0
+        for group in (self.engines[:first], self.engines[first:]):
+            results = await asyncio.gather(*(engine.start() for engine in group), return_exceptions=True)
+            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            if failed is not None:
+                await self.stop()  # every copy, started or not (stop is a no-op on one that never started)
+                raise failed
 
     async def stop(self) -> None:
         await asyncio.gather(*(engine.stop() for engine in self.engines), return_exceptions=True)

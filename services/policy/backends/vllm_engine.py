@@ -59,6 +59,7 @@ class VLLMEngine(Engine):
 
     def command(self) -> list[str]:
         s = self.settings
+        extra = shlex.split(s.vllm_args)
         return [
             s.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", s.resolved_model_dir,
@@ -71,9 +72,19 @@ class VLLMEngine(Engine):
             # Log-probs of softmax(logits / T), the distribution each token was drawn from: the trainer's
             # importance weights compare its own log-probs at the trajectory's temperature with these.
             "--logprobs-mode", "processed_logprobs",
+            *(["--enforce-eager"] if self.eager and "--enforce-eager" not in extra else []),
             *self._cpu_args(),
-            *shlex.split(s.vllm_args),
+            *extra,
         ]  # fmt: skip
+
+    @property
+    def eager(self) -> bool:
+        """Whether vLLM runs the model uncompiled (the setting, or the flag in the user's own vllm_args)."""
+        return self.settings.vllm_enforce_eager or "--enforce-eager" in shlex.split(self.settings.vllm_args)
+
+    @property
+    def compiles(self) -> bool:
+        return not self.eager and not self.settings.vllm_urls
 
     def _lora_args(self) -> list[str]:
         if self.settings.serves_merged:  # adapters arrive merged into the weights: no LoRA layers to pay for

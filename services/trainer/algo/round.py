@@ -251,15 +251,13 @@ def policy_step(
         samples = coupling.q_samples
         coupling_total = 0.0
         for k, q in enumerate(samples):
-            # Chain rule by hand: d(term)/d(answer log-probs) is cheap and exact; then one backward through
-            # the sample's candidates, so the graph held is one Q sample's, not the whole coupling's.
-            with torch.no_grad():
-                answer_lp = answer_logprobs(policy, q)  # (M_q,)
-            answer_lp.requires_grad_(True)
-            q_theta = q_target(answer_lp, cfg.beta_q, prior(q, cfg))[None]  # (1, M_q)
-            term = coupling.term(q_theta, k) / len(samples)
-            (d_term,) = torch.autograd.grad(term, answer_lp)
-            answer_logprobs(policy, q).backward(d_term)  # all candidates in one padded forward and backward
+            # Chain rule by hand: d(term)/d(answer log-probs) on a detached copy is cheap and exact; then one
+            # backward through the sample's candidates (one padded forward), so the graph held is one Q sample's.
+            answer_lp = answer_logprobs(policy, q)  # (M_q,)
+            leaf = answer_lp.detach().requires_grad_(True)
+            term = coupling.term(q_target(leaf, cfg.beta_q, prior(q, cfg))[None], k) / len(samples)
+            (d_term,) = torch.autograd.grad(term, leaf)
+            answer_lp.backward(d_term)
             coupling_total += float(term.detach())
         stats["loss/coupling"] = coupling_total
     stats["grad_norm/policy"] = optimizer.step()

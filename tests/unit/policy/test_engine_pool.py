@@ -97,3 +97,57 @@ def test_engines_from_settings(tmp_path, policy_models_root):
     assert external.engine_count == 2 and not external.serves_merged
     assert [e.url for e in build_engine(external).engines] == ["http://h1:8011", "http://h2:8011"]
     assert type(build_engine(PolicySettings(data_dir=tmp_path, model_dir=str(model)))).__name__ == "VLLMEngine"
+
+
+class Starting(Copy):
+    """A copy whose start takes `delay` seconds and logs when it began and ended; `fails` raises instead."""
+
+    def __init__(self, name: str, log: list[str], compiles: bool = False, fails: bool = False) -> None:
+        super().__init__(name)
+        self.log, self.compiles, self.fails, self.stopped = log, compiles, fails, False
+
+    async def start(self) -> None:
+        self.log.append(f"{self.name}+")
+        await asyncio.sleep(0.05)
+        if self.fails:
+            raise EngineError(f"{self.name} did not start")
+        self.log.append(f"{self.name}-")
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.mark.parametrize(
+    "compiles, order",
+    [(False, ["a+", "b+", "c+", "a-", "b-", "c-"]),  # eager copies: all at once
+     (True, ["a+", "a-", "b+", "c+", "b-", "c-"])],  # the first compiles alone, the rest then load its cache at once
+)  # fmt: skip
+def test_copies_start_at_once_unless_the_first_compiles(compiles, order):
+    log: list[str] = []
+    pool = EnginePool([Starting(name, log, compiles=compiles) for name in "abc"])
+    asyncio.run(pool.start())
+    assert log == order
+
+
+def test_a_copy_that_fails_to_start_stops_every_copy_and_the_error_is_its_own():
+    log: list[str] = []
+    pool = EnginePool([Starting("a", log), Starting("b", log, fails=True)])
+    with pytest.raises(EngineError, match="b did not start"):
+        asyncio.run(pool.start())
+    assert all(e.stopped for e in pool.engines)
+
+
+def test_vllm_compiles_unless_told_to_run_eagerly(tmp_path, policy_models_root):
+    from services.policy.backends.vllm_engine import VLLMEngine
+    from services.policy.settings import PolicySettings
+
+    model = str(policy_models_root / "SmolLM2-135M-Instruct")
+    default, eager, eager_args = (
+        VLLMEngine(PolicySettings(data_dir=tmp_path, model_dir=model, **kw))
+        for kw in ({}, {"vllm_enforce_eager": True}, {"vllm_args": "--enforce-eager"})
+    )
+    assert default.compiles and not default.eager and "--enforce-eager" not in default.command()
+    assert eager.eager and not eager.compiles and eager.command().count("--enforce-eager") == 1
+    assert eager_args.eager and eager_args.command().count("--enforce-eager") == 1  # the user's own flag, once
+    external = VLLMEngine(PolicySettings(data_dir=tmp_path, model_dir=model, vllm_url="http://h1:8011"))
+    assert not external.compiles  # started elsewhere: nothing here compiles
