@@ -29,7 +29,7 @@ class EnginePool(Engine):
 
     async def start(self) -> None:
         # A copy that compiles starts alone and fills the shared compile cache; the rest then start at once and load
-        # it. Copies that do not compile (vLLM eager, the CPU default) all start at once.
+        # it. Copies that do not compile (BRIDGE_POLICY_VLLM_ENFORCE_EAGER, the transformers engine) all start at once.
         first = 1 if self.engines[0].compiles else 0
         for group in (self.engines[:first], self.engines[first:]):
             results = await asyncio.gather(*(engine.start() for engine in group), return_exceptions=True)
