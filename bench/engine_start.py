@@ -18,12 +18,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import tempfile
+import shutil
 import time
 from pathlib import Path
-
-import httpx
 
 from bench.agent import raw_vllm
 from bench.repeat import Ratios, add_repeat_arguments, finish, repeat
@@ -35,44 +32,33 @@ from services.policy.settings import PolicySettings
 MODES = {"compiled_cold": False, "compiled_warm": False, "eager": True}  # name: --enforce-eager
 
 
-def start_and_measure(model: Path, eager: bool, cache: Path, prompts: list[str], max_tokens: int, log: Path) -> dict:
-    """One vLLM start as the service makes it; seconds to /health, then tokens/s at concurrency 32 and 1."""
+async def start_and_measure(model: Path, eager: bool, data_dir: Path, prompts: list[str], max_tokens: int) -> dict:
+    """One vLLM start through the service's own engine (its command, environment and health wait; the log in
+    <data_dir>/logs); seconds to /health, then tokens/s at concurrency 32 and 1."""
     settings = PolicySettings(model_dir=str(model), vllm_port=free_port(), vllm_enforce_eager=eager,
-                              data_dir=cache.parent)  # fmt: skip
+                              data_dir=data_dir)  # fmt: skip
     engine = VLLMEngine(settings)
-    env = engine.environment({**os.environ, "VLLM_CACHE_ROOT": str(cache)})
     started = time.perf_counter()
-    with log.open("ab") as out:
-        process = subprocess.Popen(engine.command(), env=env, stdout=out, stderr=subprocess.STDOUT)
+    await engine.start()
     try:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {process.returncode}: see {log}")
-            try:
-                if httpx.get(engine.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
         start_s = time.perf_counter() - started
-        asyncio.run(raw_vllm(engine.url, prompts[:4], 4, 8))  # warm-up: the first requests are slower
-        c32 = asyncio.run(raw_vllm(engine.url, prompts, 32, max_tokens, fixed_length=True))
-        c1 = asyncio.run(raw_vllm(engine.url, prompts[:4], 1, max_tokens, fixed_length=True))
+        await raw_vllm(engine.url, prompts[:4], 4, 8)  # warm-up: the first requests are slower
+        c32 = await raw_vllm(engine.url, prompts, 32, max_tokens, fixed_length=True)
+        c1 = await raw_vllm(engine.url, prompts[:4], 1, max_tokens, fixed_length=True)
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        await engine.stop()
     return {"start_s": start_s, "tok_s_c32": c32, "tok_s_c1": c1}
 
 
-def measure(model: Path, prompts: list[str], max_tokens: int, work: Path) -> Ratios:
-    with tempfile.TemporaryDirectory(prefix="bench-engine-start-", dir=work) as tmp:
-        cache = Path(tmp) / "vllm-cache"  # empty: the first compiled start compiles, the second loads it
-        seen = {}
-        for name, eager in MODES.items():
-            seen[name] = start_and_measure(model, eager, cache, prompts, max_tokens, work / "engine_start.log")
-            row = seen[name]
-            print(f"{name:14} start {row['start_s']:6.1f} s   tokens/s at 32: {row['tok_s_c32']:6.1f}   "
-                  f"at 1: {row['tok_s_c1']:5.1f}", flush=True)  # fmt: skip
+def measure(model: Path, prompts: list[str], max_tokens: int, data_dir: Path) -> Ratios:
+    # A new data dir: its vllm-cache (the engine's default cache) is empty, so the first compiled start compiles and
+    # the second loads it.
+    shutil.rmtree(data_dir, ignore_errors=True)
+    seen = {}
+    for name, eager in MODES.items():
+        seen[name] = row = asyncio.run(start_and_measure(model, eager, data_dir, prompts, max_tokens))
+        print(f"{name:14} start {row['start_s']:6.1f} s   tokens/s at 32: {row['tok_s_c32']:6.1f}   "
+              f"at 1: {row['tok_s_c1']:5.1f}", flush=True)  # fmt: skip
     eager, warm, cold = seen["eager"], seen["compiled_warm"], seen["compiled_cold"]
     return {
         "start/eager_over_compiled_cold": eager["start_s"] / cold["start_s"],
@@ -95,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     models = prepare_models(args.work, retriever=False)
     questions = [json.loads(line)["question"] for line in (DEMO_DATA / "hotpotqa_train.jsonl").open()]
     prompts = [f"Question: {q}\nAnswer:" for q in questions[: args.prompts]]
-    runs = repeat(lambda _: measure(models.policy, prompts, args.max_tokens, args.work), args.repeat)
+    os.environ.pop("VLLM_CACHE_ROOT", None)  # the engine's cache must be the run's own, or no start is a first one
+    data_dir = args.work / "engine-start"
+    runs = repeat(lambda _: measure(models.policy, prompts, args.max_tokens, data_dir), args.repeat)
     context = {"prompts": len(prompts), "max_tokens": args.max_tokens, "model": models.policy.name}
     finish("engine_start", args, runs, started, context=context, argv=argv)
 

@@ -72,7 +72,7 @@ class VLLMEngine(Engine):
             # Log-probs of softmax(logits / T), the distribution each token was drawn from: the trainer's
             # importance weights compare its own log-probs at the trajectory's temperature with these.
             "--logprobs-mode", "processed_logprobs",
-            *(["--enforce-eager"] if self.eager and "--enforce-eager" not in extra else []),
+            *(["--enforce-eager"] if s.vllm_enforce_eager and "--enforce-eager" not in extra else []),
             *self._cpu_args(),
             *extra,
         ]  # fmt: skip
