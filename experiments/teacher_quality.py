@@ -108,6 +108,41 @@ def answer_view(scored: list[dict], beta_q: float) -> dict:
     return view
 
 
+EVIDENCE_CASES = ("supporting_holds_answer", "only_other_holds_answer", "no_candidate_holds_answer")
+
+
+def evidence_case(s: dict) -> str:
+    """Where y* is written among a question's candidates: the teacher scores y*, so it can single out a supporting
+    passage by reading only where one of them holds it."""
+    pairs = list(zip(s["gold"], s["holds_answer"], strict=True))
+    if any(gold and holds for gold, holds in pairs):
+        return EVIDENCE_CASES[0]
+    return EVIDENCE_CASES[1] if any(holds for _, holds in pairs) else EVIDENCE_CASES[2]
+
+
+def evidence_view(informative: list[dict]) -> dict:
+    """How often each distribution's top candidate is supporting, split by `evidence_case`, beside chance (a
+    uniform pick: the supporting share of the candidates), and the ceiling of a y*-scored teacher that reads
+    perfectly: top-gold wherever a supporting candidate holds y*, and elsewhere chance or this teacher's own top."""
+    view: dict = {}
+    for case in EVIDENCE_CASES:
+        rows = [s for s in informative if evidence_case(s) == case]
+        view[case] = {"questions": len(rows)}
+        if rows:
+            view[case]["chance"] = float(np.mean([sum(s["gold"]) / len(s["gold"]) for s in rows]))
+            view[case].update({name: float(np.mean([s[f"top_gold/{name}"] for s in rows])) for name in DISTRIBUTIONS})
+            test = sign_test([s["mass/student"] for s in rows], [s["mass/posterior"] for s in rows])
+            view[case]["posterior_vs_student"] = {"more_gold": test.better, "less_gold": test.worse, "p": test.p}
+    reads = [evidence_case(s) == EVIDENCE_CASES[0] for s in informative]
+    view["perfect_reader_top_is_gold"] = float(
+        np.mean([1.0 if r else sum(s["gold"]) / len(s["gold"]) for r, s in zip(reads, informative, strict=True)])
+    )
+    view["perfect_reader_else_teacher"] = float(
+        np.mean([1.0 if r else float(s["top_gold/teacher"]) for r, s in zip(reads, informative, strict=True)])
+    )
+    return view
+
+
 def distribution(s: dict, name: str, beta_q: float) -> torch.Tensor:
     """One of the three distributions over a question's candidates, from its stored log-probs (no forward)."""
     log_prior, answer_lp = torch.tensor(s["log_prior"]), torch.tensor(s["answer_logprobs"])
@@ -149,6 +184,7 @@ def summarise(scored: list[dict], beta_q: float = 1.0) -> dict:
     summary["posterior_by_beta_q"] = {str(beta): posterior_gold_mass(informative, beta) for beta in BETA_GRID}
     if all("holds_answer" in s for s in scored):
         summary["answer_bearing"] = answer_view(scored, beta_q)
+        summary["by_evidence"] = evidence_view(informative)
     return summary
 
 
@@ -195,6 +231,22 @@ def report(summary: dict, args, elapsed: float) -> str:
                   "| distribution | mass on answer-bearing candidates (95 % CI) | top candidate holds y* | "
                   "vs student (more/less, p) |", "|---|---|---|---|"]  # fmt: skip
         lines += table_rows(view, "answer_mass", "top_holds_answer", ("more", "less"))
+    by_evidence = summary.get("by_evidence")
+    if by_evidence:
+        lines += ["", "Top candidate is supporting, by where y* is written among the candidates (chance: a uniform "
+                      "pick), and the posterior's gold mass against the student's:", "",
+                  "| candidates | questions | chance | student | teacher | posterior | posterior vs student |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for case in EVIDENCE_CASES:
+            row = by_evidence[case]
+            cells = [f"{row[k]:.3f}" for k in ("chance", *DISTRIBUTIONS)] if row["questions"] else ["—"] * 4
+            versus = row.get("posterior_vs_student")
+            cells.append(f"+{versus['more_gold']}/−{versus['less_gold']}, p {versus['p']:.2g}" if versus else "—")
+            lines.append(f"| {case.replace('_', ' ')} | {row['questions']} | " + " | ".join(cells) + " |")
+        lines += ["", "A teacher that reads perfectly (top-gold wherever a supporting candidate holds y*, chance "
+                      f"elsewhere) would have its top candidate supporting for "
+                      f"{by_evidence['perfect_reader_top_is_gold']:.3f} (with this teacher's own top elsewhere: "
+                      f"{by_evidence['perfect_reader_else_teacher']:.3f})."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -77,3 +77,26 @@ def test_teacher_quality_judged_by_the_candidates_that_hold_the_answer():
     assert view["teacher"]["answer_mass"] == pytest.approx(1 / (1 + math.exp(-4.0)))
     assert view["teacher"]["top_holds_answer"] == 1.0
     assert view["teacher"]["vs_student"] == {"more": 1, "less": 0, "p": 1.0}
+
+
+def test_teacher_quality_splits_top_gold_by_where_the_answer_is_written():
+    """A y*-scored teacher can single out a supporting passage by reading only where one holds y*: the view splits
+    top-gold by that and gives the ceiling of a perfect reader (top-gold there, chance or its own top elsewhere)."""
+    from experiments.teacher_quality import evidence_case, evidence_view
+
+    reads = {**scored([True, False], 0.6, 0.9, 0.8, [-1.0, -3.0]), "holds_answer": [True, False]}
+    misled = {**scored([True, False], 0.6, 0.1, 0.4, [-3.0, -1.0]), "holds_answer": [False, True]}
+    bridge = {**scored([True, False, False, False], 0.7, 0.2, 0.6, [-2.0] * 4), "holds_answer": [False] * 4}
+    guessed = {**scored([True, True, False, False], 0.7, 0.6, 0.6, [-2.0] * 4), "holds_answer": [False] * 4}
+    cases = [evidence_case(s) for s in (reads, misled, bridge)]
+    assert cases == ["supporting_holds_answer", "only_other_holds_answer", "no_candidate_holds_answer"]
+    view = evidence_view([reads, misled, bridge, guessed])
+    readable = view["supporting_holds_answer"]
+    assert readable["posterior_vs_student"] == {"more_gold": 1, "less_gold": 0, "p": 1.0}
+    assert readable | {"posterior_vs_student": None} == {"questions": 1, "chance": 0.5, "student": 1.0, "teacher": 1.0,
+                                                         "posterior": 1.0, "posterior_vs_student": None}  # fmt: skip
+    assert view["only_other_holds_answer"]["teacher"] == 0.0
+    none = view["no_candidate_holds_answer"]
+    assert none["questions"] == 2 and none["chance"] == pytest.approx((0.25 + 0.5) / 2) and none["teacher"] == 0.5
+    assert view["perfect_reader_top_is_gold"] == pytest.approx((1.0 + 0.5 + 0.25 + 0.5) / 4)
+    assert view["perfect_reader_else_teacher"] == pytest.approx((1.0 + 0.0 + 0.0 + 1.0) / 4)
