@@ -69,6 +69,7 @@ def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list
         out.append({
             "item": record.item_id, "candidates": candidates, "gold": is_gold.tolist(),
             "holds_answer": holds_answer(candidates, by_item[record.item_id]["golden_answers"], docs),
+            "yes_no": is_yes_no(by_item[record.item_id]["golden_answers"]),
             "answer_logprobs": answer_lp.tolist(), "log_prior": q.log_prior.tolist(),
             **{f"mass/{k}": float(v[is_gold].sum()) for k, v in dists.items()},
             **{f"top_gold/{k}": bool(is_gold[int(v.argmax())]) for k, v in dists.items()},
@@ -81,6 +82,11 @@ def holds_answer(candidates: list[str], golden_answers: list[str], docs: dict[st
     (supporting) without holding y*, and a non-supporting passage may hold it: the teacher scores y*, so this is
     what it can know."""
     return [contains_gold(golden_answers, " ".join(docs.get(c, ("", "")))) for c in candidates]
+
+
+def is_yes_no(golden_answers: list[str]) -> bool:
+    """A comparison question answered yes or no: no passage writes y*, yet one may still make it likelier."""
+    return any(a.strip().lower() in ("yes", "no") for a in golden_answers)
 
 
 def answer_view(scored: list[dict], beta_q: float) -> dict:
@@ -108,22 +114,26 @@ def answer_view(scored: list[dict], beta_q: float) -> dict:
     return view
 
 
-EVIDENCE_CASES = ("supporting_holds_answer", "only_other_holds_answer", "no_candidate_holds_answer")
+EVIDENCE_CASES = ("supporting_holds_answer", "only_other_holds_answer", "yes_no_answer", "no_candidate_holds_answer")
 
 
 def evidence_case(s: dict) -> str:
     """Where y* is written among a question's candidates: the teacher scores y*, so it can single out a supporting
-    passage by reading only where one of them holds it."""
+    passage by reading where one of them holds it (or, for a yes/no answer, where one makes it likelier); where
+    none does (a bridge passage, the answer's passage not retrieved) it can only guess."""
     pairs = list(zip(s["gold"], s["holds_answer"], strict=True))
     if any(gold and holds for gold, holds in pairs):
         return EVIDENCE_CASES[0]
-    return EVIDENCE_CASES[1] if any(holds for _, holds in pairs) else EVIDENCE_CASES[2]
+    if any(holds for _, holds in pairs):
+        return EVIDENCE_CASES[1]
+    return EVIDENCE_CASES[2] if s.get("yes_no") else EVIDENCE_CASES[3]
 
 
 def evidence_view(informative: list[dict]) -> dict:
     """How often each distribution's top candidate is supporting, split by `evidence_case`, beside chance (a
     uniform pick: the supporting share of the candidates), and the ceiling of a y*-scored teacher that reads
-    perfectly: top-gold wherever a supporting candidate holds y*, and elsewhere chance or this teacher's own top."""
+    perfectly: top-gold wherever a supporting candidate holds y* or the answer is yes/no, and elsewhere chance or this
+    teacher's own top."""
     view: dict = {}
     for case in EVIDENCE_CASES:
         rows = [s for s in informative if evidence_case(s) == case]
@@ -133,7 +143,7 @@ def evidence_view(informative: list[dict]) -> dict:
             view[case].update({name: float(np.mean([s[f"top_gold/{name}"] for s in rows])) for name in DISTRIBUTIONS})
             test = sign_test([s["mass/student"] for s in rows], [s["mass/posterior"] for s in rows])
             view[case]["posterior_vs_student"] = {"more_gold": test.better, "less_gold": test.worse, "p": test.p}
-    reads = [evidence_case(s) == EVIDENCE_CASES[0] for s in informative]
+    reads = [evidence_case(s) in (EVIDENCE_CASES[0], EVIDENCE_CASES[2]) for s in informative]
     view["perfect_reader_top_is_gold"] = float(
         np.mean([1.0 if r else sum(s["gold"]) / len(s["gold"]) for r, s in zip(reads, informative, strict=True)])
     )
@@ -158,6 +168,7 @@ def rescore(path: Path, qa_dir: Path, datasets: list[str], corpus_dir: Path) -> 
     docs = load_corpora(corpus_dir)
     for s in stored["questions"]:
         s["holds_answer"] = holds_answer(s["candidates"], answers[s["item"]], docs)
+        s["yes_no"] = is_yes_no(answers[s["item"]])
     return stored, stored["questions"]
 
 
@@ -243,8 +254,8 @@ def report(summary: dict, args, elapsed: float) -> str:
             versus = row.get("posterior_vs_student")
             cells.append(f"+{versus['more_gold']}/−{versus['less_gold']}, p {versus['p']:.2g}" if versus else "—")
             lines.append(f"| {case.replace('_', ' ')} | {row['questions']} | " + " | ".join(cells) + " |")
-        lines += ["", "A teacher that reads perfectly (top-gold wherever a supporting candidate holds y*, chance "
-                      f"elsewhere) would have its top candidate supporting for "
+        lines += ["", "A teacher that reads perfectly (top-gold wherever a supporting candidate holds y* or the "
+                      f"answer is yes/no, chance elsewhere) would have its top candidate supporting for "
                       f"{by_evidence['perfect_reader_top_is_gold']:.3f} (with this teacher's own top elsewhere: "
                       f"{by_evidence['perfect_reader_else_teacher']:.3f})."]  # fmt: skip
     return "\n".join(lines) + "\n"

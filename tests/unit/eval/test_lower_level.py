@@ -82,15 +82,17 @@ def test_teacher_quality_judged_by_the_candidates_that_hold_the_answer():
 def test_teacher_quality_splits_top_gold_by_where_the_answer_is_written():
     """A y*-scored teacher can single out a supporting passage by reading only where one holds y*: the view splits
     top-gold by that and gives the ceiling of a perfect reader (top-gold there, chance or its own top elsewhere)."""
-    from experiments.teacher_quality import evidence_case, evidence_view
+    from experiments.teacher_quality import evidence_case, evidence_view, is_yes_no
 
     reads = {**scored([True, False], 0.6, 0.9, 0.8, [-1.0, -3.0]), "holds_answer": [True, False]}
     misled = {**scored([True, False], 0.6, 0.1, 0.4, [-3.0, -1.0]), "holds_answer": [False, True]}
     bridge = {**scored([True, False, False, False], 0.7, 0.2, 0.6, [-2.0] * 4), "holds_answer": [False] * 4}
     guessed = {**scored([True, True, False, False], 0.7, 0.6, 0.6, [-2.0] * 4), "holds_answer": [False] * 4}
-    cases = [evidence_case(s) for s in (reads, misled, bridge)]
-    assert cases == ["supporting_holds_answer", "only_other_holds_answer", "no_candidate_holds_answer"]
-    view = evidence_view([reads, misled, bridge, guessed])
+    compared = {**scored([True, False], 0.9, 0.4, 0.9, [-1.0, -1.0]), "holds_answer": [False] * 2, "yes_no": True}
+    cases = [evidence_case(s) for s in (reads, misled, compared, bridge)]
+    assert cases == ["supporting_holds_answer", "only_other_holds_answer", "yes_no_answer", "no_candidate_holds_answer"]
+    assert is_yes_no([" Yes"]) and not is_yes_no(["Norway"])
+    view = evidence_view([reads, misled, bridge, guessed, compared])
     readable = view["supporting_holds_answer"]
     assert readable["posterior_vs_student"] == {"more_gold": 1, "less_gold": 0, "p": 1.0}
     assert readable | {"posterior_vs_student": None} == {"questions": 1, "chance": 0.5, "student": 1.0, "teacher": 1.0,
@@ -98,5 +100,6 @@ def test_teacher_quality_splits_top_gold_by_where_the_answer_is_written():
     assert view["only_other_holds_answer"]["teacher"] == 0.0
     none = view["no_candidate_holds_answer"]
     assert none["questions"] == 2 and none["chance"] == pytest.approx((0.25 + 0.5) / 2) and none["teacher"] == 0.5
-    assert view["perfect_reader_top_is_gold"] == pytest.approx((1.0 + 0.5 + 0.25 + 0.5) / 4)
-    assert view["perfect_reader_else_teacher"] == pytest.approx((1.0 + 0.0 + 0.0 + 1.0) / 4)
+    assert view["yes_no_answer"]["questions"] == 1 and view["yes_no_answer"]["teacher"] == 0.0
+    assert view["perfect_reader_top_is_gold"] == pytest.approx((1.0 + 0.5 + 0.25 + 0.5 + 1.0) / 5)
+    assert view["perfect_reader_else_teacher"] == pytest.approx((1.0 + 0.0 + 0.0 + 1.0 + 1.0) / 5)
