@@ -26,6 +26,12 @@ class WarmstartRecipe(StrEnum):
     protocol = "protocol"
 
 
+class LoraTargets(StrEnum):
+    all_linear = "all-linear"
+    attention = "attention"
+    mlp = "mlp"
+
+
 class PolicyRollouts(StrEnum):
     reweighted = "reweighted"
     fresh = "fresh"
@@ -278,7 +284,11 @@ def warmstart(
     ] = 0.1,
     epochs: Annotated[float, typer.Option(min=0.01, help="Passes over the training questions.")] = 1.0,
     lr: Annotated[float, typer.Option(help="AdamW learning rate of the LoRA.")] = 4e-4,
-    rank: Annotated[int, typer.Option(min=1, help="LoRA rank (every linear layer).")] = 16,
+    rank: Annotated[int, typer.Option(min=1, help="LoRA rank (alpha is twice it).")] = 16,
+    lora_targets: Annotated[
+        LoraTargets,
+        typer.Option(help="The linear layers that carry the LoRA: every one, attention (q/k/v/o) or mlp only."),
+    ] = LoraTargets.all_linear,
     max_minutes: Annotated[
         float | None, typer.Option(help="Stop this session's training after this long; --resume goes on later.")
     ] = None,
@@ -328,7 +338,13 @@ def warmstart(
 
     from services.common.settings import CommonSettings
     from services.retriever.inprocess import InProcessRetriever
-    from services.trainer.warmstart import SHIPPED_ADAPTERS, ReadingRecipe, WarmstartConfig, run_warmstart
+    from services.trainer.warmstart import (
+        LORA_TARGETS,
+        SHIPPED_ADAPTERS,
+        ReadingRecipe,
+        WarmstartConfig,
+        run_warmstart,
+    )
 
     settings = CommonSettings()
     out = out or SHIPPED_ADAPTERS[recipe.value]
@@ -337,7 +353,8 @@ def warmstart(
         recipe=recipe.value, reading=ReadingRecipe(variants=variants, gold_missing=gold_missing, bridge=bridge),
         template_weight=template_weight, per_dataset=per_dataset, epochs=epochs,
         hold_out=[line.strip() for line in hold_out.read_text().splitlines() if line.strip()] if hold_out else [],
-        lr=lr, lora_rank=rank, lora_alpha=2 * rank, max_minutes=max_minutes, seed=seed,
+        lr=lr, lora_rank=rank, lora_alpha=2 * rank, target_modules=list(LORA_TARGETS[lora_targets.value]),
+        max_minutes=max_minutes, seed=seed,
         two_search_repeat=two_search_repeat,
     )  # fmt: skip
     try:

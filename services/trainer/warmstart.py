@@ -326,6 +326,15 @@ class ReadingRecipe(BaseModel):
     )
 
 
+# Which of SmolLM2's linear layers carry the LoRA (`--lora-targets`): every one (what every shipped adapter used),
+# attention only, or the MLP only.
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "all-linear": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
 class WarmstartConfig(BaseModel):
     """Everything that shapes the warm start; recorded in the adapter's manifest."""
 
@@ -351,9 +360,7 @@ class WarmstartConfig(BaseModel):
     lora_rank: int = Field(16, ge=1, le=256)
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS["all-linear"]))
     eval_every: int = Field(50, ge=1, description="Optimizer steps between held-out losses.")
     max_minutes: float | None = Field(None, gt=0, description="Stop training after this long (recorded).")
     two_search_repeat: int = Field(

@@ -38,3 +38,28 @@ def test_continue_from_and_init_from_are_one_or_the_other(tmp_path, monkeypatch)
     result = CliRunner().invoke(app, ["warmstart", "--qa-dir", str(tmp_path), "--state-dir", str(tmp_path / "s"),
                                       "--continue-from", adapter, "--init-from", adapter])  # fmt: skip
     assert result.exit_code == 2 and "--init-from" in result.output and "Traceback" not in result.output
+
+
+def test_rank_and_lora_targets_reach_the_config(tmp_path, monkeypatch):
+    """`--rank` and `--lora-targets` choose the LoRA the run trains (alpha twice the rank); an unknown target set is a
+    usage error."""
+    import services.trainer.warmstart as warmstart
+
+    monkeypatch.setenv("BRIDGE_DATA_DIR", str(tmp_path / "data"))
+    seen = {}
+
+    def fake_run(config, **kwargs):
+        seen["config"] = config
+        raise ValueError("stopped before training")
+
+    monkeypatch.setattr(warmstart, "run_warmstart", fake_run)
+    args = ["warmstart", "--qa-dir", str(tmp_path), "--state-dir", str(tmp_path / "s")]
+    result = CliRunner().invoke(app, [*args, "--rank", "8", "--lora-targets", "attention"])
+    assert result.exit_code == 2 and "stopped before training" in result.output
+    config = seen["config"]
+    assert (config.lora_rank, config.lora_alpha) == (8, 16)
+    assert config.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert CliRunner().invoke(app, args).exit_code == 2 and seen["config"].target_modules == list(
+        warmstart.LORA_TARGETS["all-linear"]
+    )
+    assert CliRunner().invoke(app, [*args, "--lora-targets", "everything"]).exit_code == 2
