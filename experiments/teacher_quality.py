@@ -38,7 +38,7 @@ from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import q_target
 from services.trainer.models import RetrieverModel
-from services.trainer.reading import contains_gold
+from services.trainer.reading import contains_gold, label_answer
 
 DISTRIBUTIONS = ("student", "teacher", "posterior")
 BETA_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -69,7 +69,7 @@ def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list
         out.append({
             "item": record.item_id, "candidates": candidates, "gold": is_gold.tolist(),
             "holds_answer": holds_answer(candidates, by_item[record.item_id]["golden_answers"], docs),
-            "yes_no": is_yes_no(by_item[record.item_id]["golden_answers"]),
+            "yes_no": label_answer(by_item[record.item_id]["golden_answers"]),
             "answer_logprobs": answer_lp.tolist(), "log_prior": q.log_prior.tolist(),
             **{f"mass/{k}": float(v[is_gold].sum()) for k, v in dists.items()},
             **{f"top_gold/{k}": bool(is_gold[int(v.argmax())]) for k, v in dists.items()},
@@ -82,11 +82,6 @@ def holds_answer(candidates: list[str], golden_answers: list[str], docs: dict[st
     (supporting) without holding y*, and a non-supporting passage may hold it: the teacher scores y*, so this is
     what it can know."""
     return [contains_gold(golden_answers, " ".join(docs.get(c, ("", "")))) for c in candidates]
-
-
-def is_yes_no(golden_answers: list[str]) -> bool:
-    """A comparison question answered yes or no: no passage writes y*, yet one may still make it likelier."""
-    return any(a.strip().lower() in ("yes", "no") for a in golden_answers)
 
 
 def answer_view(scored: list[dict], beta_q: float) -> dict:
@@ -168,7 +163,7 @@ def rescore(path: Path, qa_dir: Path, datasets: list[str], corpus_dir: Path) -> 
     docs = load_corpora(corpus_dir)
     for s in stored["questions"]:
         s["holds_answer"] = holds_answer(s["candidates"], answers[s["item"]], docs)
-        s["yes_no"] = is_yes_no(answers[s["item"]])
+        s["yes_no"] = label_answer(answers[s["item"]])
     return stored, stored["questions"]
 
 

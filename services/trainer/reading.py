@@ -75,9 +75,14 @@ def hard_distractors(item: PoolItem, ranked: Shown, closed_answer: bool) -> list
     ]
 
 
+def label_answer(golden_answers: Sequence[str]) -> bool:
+    """A yes/no/maybe answer: a label no passage writes, though a passage may still make it likelier."""
+    return {normalize_answer(g) for g in golden_answers} <= {"yes", "no", "maybe"}
+
+
 def closed_answer(item: PoolItem) -> bool:
     """A multiple-choice or yes/no/maybe question: its answer is a label, not a span of the passage."""
-    return item.choice is not None or {normalize_answer(g) for g in item.golden_answers} <= {"yes", "no", "maybe"}
+    return item.choice is not None or label_answer(item.golden_answers)
 
 
 def reading_target(item: PoolItem, gold_docs: Sequence[tuple[str, str, str]]) -> str | None:

@@ -82,7 +82,8 @@ def test_teacher_quality_judged_by_the_candidates_that_hold_the_answer():
 def test_teacher_quality_splits_top_gold_by_where_the_answer_is_written():
     """A y*-scored teacher can single out a supporting passage by reading only where one holds y*: the view splits
     top-gold by that and gives the ceiling of a perfect reader (top-gold there, chance or its own top elsewhere)."""
-    from experiments.teacher_quality import evidence_case, evidence_view, is_yes_no
+    from experiments.teacher_quality import evidence_case, evidence_view
+    from services.trainer.reading import label_answer
 
     reads = {**scored([True, False], 0.6, 0.9, 0.8, [-1.0, -3.0]), "holds_answer": [True, False]}
     misled = {**scored([True, False], 0.6, 0.1, 0.4, [-3.0, -1.0]), "holds_answer": [False, True]}
@@ -91,7 +92,7 @@ def test_teacher_quality_splits_top_gold_by_where_the_answer_is_written():
     compared = {**scored([True, False], 0.9, 0.4, 0.9, [-1.0, -1.0]), "holds_answer": [False] * 2, "yes_no": True}
     cases = [evidence_case(s) for s in (reads, misled, compared, bridge)]
     assert cases == ["supporting_holds_answer", "only_other_holds_answer", "yes_no_answer", "no_candidate_holds_answer"]
-    assert is_yes_no([" Yes"]) and not is_yes_no(["Norway"])
+    assert label_answer([" Yes"]) and not label_answer(["Norway"])
     view = evidence_view([reads, misled, bridge, guessed, compared])
     readable = view["supporting_holds_answer"]
     assert readable["posterior_vs_student"] == {"more_gold": 1, "less_gold": 0, "p": 1.0}
