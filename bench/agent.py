@@ -48,7 +48,7 @@ from services.common.checkpoints import publish_checkpoint, staging_dir
 from services.common.clients.retriever import RetrieverClient
 from services.common.registry import BASE_VERSION
 from services.common.stats import percentile
-from services.trainer.warmstart import SHIPPED_ADAPTER_DIR
+from services.trainer.warmstart import DEFAULT_ADAPTER_DIR
 from tests.conftest import RunningService, policy_env, start_service, stop_service
 
 
@@ -236,7 +236,7 @@ def publish_trained(policy_data_dir: Path, version: str = "trained") -> str:
     root = policy_data_dir / "checkpoints"
     staging = staging_dir(root, version)
     for name in ("adapter_model.safetensors", "adapter_config.json"):
-        shutil.copyfile(SHIPPED_ADAPTER_DIR / name, staging / name)
+        shutil.copyfile(DEFAULT_ADAPTER_DIR / name, staging / name)
     publish_checkpoint(staging, root / version, kind="policy-lora", version=version, parent="base")
     return version
 

@@ -101,11 +101,16 @@ def eval_rows(qa_dir: Path) -> dict[str, list[dict]]:
     return out
 
 
-def train_questions(qa_dir: Path, datasets: list[str], count: int, seed: int) -> list[dict]:
-    """`count` training-pool questions with supporting passages, the datasets interleaved, in a seeded order."""
+def train_questions(
+    qa_dir: Path, datasets: list[str], count: int, seed: int, exclude: dict[str, set[str]] | None = None
+) -> list[dict]:
+    """`count` training-pool questions with supporting passages, the datasets interleaved, in a seeded order;
+    none whose id `exclude` lists under its dataset (the questions an adapter trained on)."""
     pools = []
+    exclude = exclude or {}
     for dataset in datasets:
-        rows = [row for _, row in training_rows(qa_dir, dataset) if supporting(row)]
+        skip = exclude.get(dataset, set())
+        rows = [row for _, row in training_rows(qa_dir, dataset) if supporting(row) and row["id"] not in skip]
         random.Random(seed).shuffle(rows)
         pools.append(rows)
     mixed = [row for group in zip(*pools, strict=False) for row in group]

@@ -32,21 +32,24 @@ from tqdm import tqdm
 
 from bench.script import REPO
 from experiments.lower_level import doc_matrix, frozen_warm_start, load_corpora, rollouts, supporting, train_questions
-from services.eval.split import training_rows
+from services.eval.split import trained_ids, training_rows
 from services.eval.stats import bootstrap_questions, sign_test
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import q_target
 from services.trainer.models import RetrieverModel
 from services.trainer.reading import contains_gold, label_answer
+from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
 
 DISTRIBUTIONS = ("student", "teacher", "posterior")
 BETA_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list[dict]:
-    """One Q sample per question (G = 1, q_steps = the batch), its three distributions over the candidates."""
-    records = rollouts(policy, retriever, doc_vecs, ids, docs, rows, args, rng, generate=False)
+    """One Q sample per question (G = 1, q_steps = the batch), its three distributions over the candidates. An odd
+    batch (the last one) scores its last question twice, as GRPO's pairs need, and keeps it once."""
+    records = rollouts(policy, retriever, doc_vecs, ids, docs, rows + rows[-1:] * (len(rows) % 2), args, rng,
+                       generate=False)  # fmt: skip
     # group_size only shapes GRPO's advantages, unused here (the config asks for >= 2; each question has one search)
     cfg = AlgoConfig(algo="retriever-only", retriever_objective="target", group_size=2, q_steps=len(records),
                      q_candidates=args.q_candidates, beta_q=args.beta_q, seed=args.seed)  # fmt: skip
@@ -56,6 +59,8 @@ def score_batch(policy, retriever, doc_vecs, ids, docs, rows, args, rng) -> list
     for q in batch.q_samples:
         search = batch.searches[q.search]
         record = batch.records[search.trajectory]
+        if any(o["item"] == record.item_id for o in out):
+            continue
         candidates = [search.candidate_ids[c] for c in q.candidates]
         gold = set(supporting(by_item[record.item_id]))
         with torch.no_grad():
@@ -148,6 +153,30 @@ def evidence_view(informative: list[dict]) -> dict:
     return view
 
 
+def update_view(scored: list[dict], beta_q: float) -> dict:
+    """What the posterior target asks of the retriever, by where y* is written: how far it is from the student
+    (total variation: 0 is no gradient) and whether it moves mass to the supporting passages and to the passages
+    that hold y* (per question, posterior minus student, a sign test). A case whose update is large but moves
+    neither mass is noise the lower level should skip."""
+    view: dict = {}
+    for case in EVIDENCE_CASES:
+        rows = [s for s in scored if evidence_case(s) == case]
+        view[case] = {"questions": len(rows)}
+        if not rows:
+            continue
+        student = [distribution(s, "student", beta_q) for s in rows]
+        posterior = [distribution(s, "posterior", beta_q) for s in rows]
+        distance = [0.5 * float((q - p).abs().sum()) for p, q in zip(student, posterior, strict=True)]
+        view[case]["total_variation"] = float(np.mean(distance))
+        for key, flag in (("gold", "gold"), ("answer", "holds_answer")):
+            before = [float(p[torch.tensor(s[flag])].sum()) for p, s in zip(student, rows, strict=True)]
+            after = [float(q[torch.tensor(s[flag])].sum()) for q, s in zip(posterior, rows, strict=True)]
+            test = sign_test(before, after)
+            view[case][f"{key}_mass_change"] = {"mean": float(np.mean(after) - np.mean(before)), "more": test.better,
+                                                "less": test.worse, "p": test.p}  # fmt: skip
+    return view
+
+
 def distribution(s: dict, name: str, beta_q: float) -> torch.Tensor:
     """One of the three distributions over a question's candidates, from its stored log-probs (no forward)."""
     log_prior, answer_lp = torch.tensor(s["log_prior"]), torch.tensor(s["answer_logprobs"])
@@ -191,6 +220,7 @@ def summarise(scored: list[dict], beta_q: float = 1.0) -> dict:
     if all("holds_answer" in s for s in scored):
         summary["answer_bearing"] = answer_view(scored, beta_q)
         summary["by_evidence"] = evidence_view(informative)
+        summary["update_by_evidence"] = update_view(scored, beta_q)
     return summary
 
 
@@ -253,7 +283,36 @@ def report(summary: dict, args, elapsed: float) -> str:
                       f"answer is yes/no, chance elsewhere) would have its top candidate supporting for "
                       f"{by_evidence['perfect_reader_top_is_gold']:.3f} (with this teacher's own top elsewhere: "
                       f"{by_evidence['perfect_reader_else_teacher']:.3f})."]  # fmt: skip
+    updates = summary.get("update_by_evidence")
+    if updates:
+        lines += ["", "What the posterior target asks of the retriever, by where y* is written among the candidates "
+                      "(all scored questions): its distance from the student (total variation; 0 is no gradient) and "
+                      "the per-question change of the mass on supporting and on y*-holding candidates:", "",
+                  "| candidates | questions | total variation | supporting mass change (+/−, p) | "
+                  "y*-holding mass change (+/−, p) |", "|---|---|---|---|---|"]  # fmt: skip
+        for case in EVIDENCE_CASES:
+            row = updates[case]
+            if not row["questions"]:
+                lines.append(f"| {case.replace('_', ' ')} | 0 | — | — | — |")
+                continue
+            cells = [f"{row[k]['mean']:+.3f} (+{row[k]['more']}/−{row[k]['less']}, p {row[k]['p']:.2g})"
+                     for k in ("gold_mass_change", "answer_mass_change")]  # fmt: skip
+            lines.append(
+                f"| {case.replace('_', ' ')} | {row['questions']} | {row['total_variation']:.3f} | "
+                + " | ".join(cells)
+                + " |"
+            )
     return "\n".join(lines) + "\n"
+
+
+def held_out_of(names: list[str]) -> dict[str, set[str]]:
+    """Per dataset, the question ids any of the named shipped adapters trained on (every stage): the questions a
+    held-out measure must not draw."""
+    seen: dict[str, set[str]] = {}
+    for name in names:
+        for dataset, ids in trained_ids(verify_adapter(SHIPPED_ADAPTERS[name])).items():
+            seen.setdefault(dataset, set()).update(ids)
+    return seen
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,9 +325,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--candidates", type=int, default=20, help="M: candidates of the search.")
     parser.add_argument("--q-candidates", type=int, default=5, help="The round's Q candidates (its default).")
     parser.add_argument("--beta-q", type=float, default=1.0)
-    parser.add_argument("--adapter", type=Path, help="The policy's LoRA adapter folder (default: the shipped one).")
+    parser.add_argument("--adapter", type=Path, help="The policy's LoRA adapter folder (default: the reading adapter).")
     parser.add_argument("--retrieval-temperature", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--held-out-of",
+        type=lambda s: [n for n in s.split(",") if n],
+        default=[],
+        help="Comma-separated shipped adapters (reading, protocol): draw only questions none of them trained on, in "
+        "any stage (then --questions is a cap). Each scored question records which shipped adapters trained on it.",
+    )
     parser.add_argument(
         "--rescore",
         type=Path,
@@ -301,11 +367,20 @@ def main() -> None:
     ids = list(docs)
     doc_vecs = doc_matrix(models.retriever, docs, args.work / "doc_vectors.pt")
     retriever.use_doc_vectors(ids, doc_vecs)
-    questions = train_questions(args.qa_dir, args.train_datasets, args.questions, args.seed)
+    unknown = [n for n in args.held_out_of if n not in SHIPPED_ADAPTERS]
+    if unknown:
+        raise SystemExit(f"--held-out-of {unknown[0]!r}: shipped adapters are {', '.join(SHIPPED_ADAPTERS)}")
+    questions = train_questions(args.qa_dir, args.train_datasets, args.questions, args.seed,
+                                exclude=held_out_of(args.held_out_of))  # fmt: skip
+    by_adapter = {name: held_out_of([name]) for name in SHIPPED_ADAPTERS}
+    dataset_of = {str(q["id"]): q["dataset"] for q in questions}
     scored = []
     for b in tqdm(range(0, len(questions), args.batch), desc="Q_theta", unit="batch"):
         rng = np.random.default_rng(args.seed * 1_000_003 + b)
         scored += score_batch(policy, retriever, doc_vecs, ids, docs, questions[b : b + args.batch], args, rng)
+    for s in scored:
+        s["dataset"] = dataset_of[s["item"]]
+        s["trained_by"] = [n for n, seen in by_adapter.items() if s["item"] in seen.get(s["dataset"], ())]
     summary = summarise(scored, args.beta_q)
     elapsed = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,12 @@
 """Builds the demo corpus and questions that ship in the repo (a user's clone has no ../shared).
 
 HotpotQA only: CC BY-SA 4.0, which allows redistribution with attribution under the same licence. The questions
-come from the training pool (after the evaluation split, services/eval/split.py) and leave out those the shipped
-warm-start adapter trained on, so the demo trains on questions the policy has not seen; the corpus is the 10
-context passages (supporting and distractor) of each.
+come from the training pool (after the evaluation split, services/eval/split.py) and leave out those any shipped
+warm-start adapter trained on (every stage of each), so the demo trains on questions the policy has not seen. The
+corpus is the 10 context passages (supporting and distractor) of each, and of the first `corpus_questions` pool
+questions besides, so that retrieval has distractors from other questions as well.
 
-    python -m tools.make_demo_data ../shared/data 80
+    python -m tools.make_demo_data ../shared/data 80 80
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ import sys
 from pathlib import Path
 
 from services.eval.split import trained_ids, training_rows
-from services.trainer.warmstart import load_shipped_manifest
+from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
 
 OUT = Path(__file__).resolve().parents[1] / "services" / "demo_data"
 
 
-def main(data: Path, n: int) -> None:
-    seen = trained_ids(load_shipped_manifest() or {}).get("hotpotqa", set())
-    questions = [row for _, row in training_rows(data / "qa", "hotpotqa") if row["id"] not in seen][:n]
-    wanted = {d for q in questions for d in q["metadata"]["context_doc_ids"]}
+def main(data: Path, n: int, corpus_questions: int) -> None:
+    seen = {i for folder in SHIPPED_ADAPTERS.values() for i in trained_ids(verify_adapter(folder)).get("hotpotqa", ())}
+    pool = [row for _, row in training_rows(data / "qa", "hotpotqa")]
+    questions = [row for row in pool if row["id"] not in seen][:n]
+    wanted = {d for q in questions + pool[:corpus_questions] for d in q["metadata"]["context_doc_ids"]}
     corpus = [row for line in (data / "corpus" / "hotpotqa.jsonl").open() if (row := json.loads(line))["id"] in wanted]
     OUT.mkdir(parents=True, exist_ok=True)
     with (OUT / "hotpotqa_train.jsonl").open("w") as fh:
@@ -34,4 +36,4 @@ def main(data: Path, n: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 0)

@@ -26,8 +26,9 @@ def prepare(
     adapter: Annotated[
         list[str] | None,
         typer.Option(
-            help="Also merge this shipped adapter (protocol, reading) into <models>/SmolLM2-135M-Instruct-NAME, "
-            "to select with BRIDGE_POLICY_MODEL_DIR (repeatable)."
+            help="Also merge this shipped adapter into <models>/SmolLM2-135M-Instruct-NAME, to select with "
+            "BRIDGE_POLICY_MODEL_DIR (repeatable). The default policy is the reading adapter, merged into "
+            "<models>/SmolLM2-135M-Instruct-warmstart; 'protocol' is the first warm start, kept selectable."
         ),
     ] = None,
 ) -> None:

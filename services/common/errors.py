@@ -128,4 +128,5 @@ def install_error_handlers(app: FastAPI, openai_paths: tuple[str, ...] = ()) -> 
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if openai(request):
             return JSONResponse(openai_error_body(exc.status_code, message), status_code=exc.status_code)
-        return JSONResponse(error_body(exc.status_code, "http_error", message), status_code=exc.status_code)
+        kind = "payload_too_large" if exc.status_code == 413 else "http_error"  # as BodySizeLimit's own 413
+        return JSONResponse(error_body(exc.status_code, kind, message), status_code=exc.status_code)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.common.errors import Forbidden, NotReady, Unauthorized, error_body
@@ -36,7 +37,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise _TooLarge
+                    raise _TooLarge(self.max_bytes)
             return message
 
         try:
@@ -61,8 +62,13 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(StarletteHTTPException):
+    """Raised from `receive` when a chunked body passes the limit. An HTTPException because FastAPI re-raises those
+    from its body parsing (any other exception there becomes a 400 "error parsing the body"), so the app's handler
+    answers the 413; where no route parses the body, `BodySizeLimit` answers it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"request body exceeds {max_bytes} bytes")
 
 
 def check_bearer(request: Request, expected: str) -> None:

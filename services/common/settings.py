@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_DATA_DIR = Path.home() / ".bridge"
 RETRIEVER_MODEL_NAME = "all-MiniLM-L6-v2"
 POLICY_MODEL_NAME = "SmolLM2-135M-Instruct"
-# The base merged with the shipped warm-start LoRA (services/policy/warmstart_adapter/), written by `prepare`.
+# The base merged with the default shipped LoRA (services/policy/reading_adapter/), written by `prepare`.
 WARMSTART_MODEL_NAME = "SmolLM2-135M-Instruct-warmstart"
 log = logging.getLogger(__name__)
 

@@ -76,8 +76,13 @@ def evaluation_data(path: Path, qa_dir: Path) -> DataRows:
 
 
 def trained_ids(manifest: dict[str, Any]) -> dict[str, set[str]]:
-    """Per dataset, the question ids an adapter's manifest (services/policy/warmstart_adapter) lists as trained on."""
-    return {dataset: set(ids) for dataset, ids in (manifest.get("data", {}).get("trained_ids") or {}).items()}
+    """Per dataset, the question ids an adapter's manifest lists as trained on, by this stage or an earlier one."""
+    data = manifest.get("data", {})
+    out: dict[str, set[str]] = {}
+    for key in ("trained_ids", "earlier_trained_ids"):
+        for dataset, ids in (data.get(key) or {}).items():
+            out.setdefault(dataset, set()).update(ids)
+    return out
 
 
 def refuse_trained_questions(items: Iterable[tuple[str, str]], manifest: dict[str, Any]) -> None:

@@ -313,7 +313,13 @@ class PolicyService:
             self._score(record, request.golden_answers, request.reward_kind)
         else:
             record.reward = request.reward
-        await self.store.set_reward(record)
+        if not await self.store.set_reward(record):
+            raise Conflict(
+                f"trajectory {record.id} already has its feedback: one per trajectory, so that live learning trains "
+                "on each answer once",
+                param="trajectory_id",
+                code="feedback_given",
+            )
         return FeedbackResponse(trajectory_id=record.id, reward=record.reward, em=record.em, f1=record.f1)
 
     async def trajectory(self, trajectory_id: str) -> TrajectoryRecord:

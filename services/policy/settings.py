@@ -78,8 +78,8 @@ class PolicySettings(CommonSettings):
     initial_search: bool = Field(
         False,
         description="Retrieve with the question before the first generation: a scaffold for policies that never "
-        "emit <search> on their own (the raw SmolLM2-135M). Off by default: the default policy is the warm start, "
-        "which writes its own <search> on 99 % of evaluation questions (docs/warmstart.md).",
+        "emit <search> on their own (the raw SmolLM2-135M). Off by default: the default policy, the reading warm "
+        "start, writes its own <search> (docs/warmstart.md).",
     )
     serve_temperature: float = Field(
         0.0,

@@ -39,6 +39,15 @@ def _unavailable_as_503(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaita
     return wrapper
 
 
+# KEYS: the feedback marker, the record, the feedback stream; ARGV: ttl, record json, stream maxlen, id, reward.
+_REWARD_ONCE = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[1])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[4], 'reward', ARGV[5], 'data', ARGV[2])
+return 1
+"""
+
+
 class TrajectoryStore:
     def __init__(self, url: str, stream: str, feedback_stream: str, maxlen: int, ttl_s: int) -> None:
         # Reconnect with backoff when Redis restarts, instead of failing the request on the first error.
@@ -93,14 +102,19 @@ class TrajectoryStore:
         found = await self.redis.mget([self.key(i) for i in ids])
         return [TrajectoryRecord.model_validate_json(data) for data in found if data is not None]
 
+    @staticmethod
+    def feedback_key(trajectory_id: str) -> str:
+        return f"bridge:feedback:{trajectory_id}"
+
     @_unavailable_as_503
-    async def set_reward(self, record: TrajectoryRecord) -> None:
-        """Store the rewarded record and announce it on the feedback stream (live learning reads it)."""
-        event = {"id": record.id, "reward": json.dumps(record.reward), "data": record.model_dump_json()}
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.key(record.id), record.model_dump_json(), ex=self.ttl_s)
-            pipe.xadd(self.feedback_stream, event, maxlen=self.maxlen, approximate=True)
-            await pipe.execute()
+    async def set_reward(self, record: TrajectoryRecord) -> bool:
+        """Store the rewarded record and announce it on the feedback stream (live learning reads it), once per
+        trajectory: False, and nothing written, when it was rewarded before. One script, so two racing requests
+        cannot both announce (a second event would be a second training sample of the same answer)."""
+        data = record.model_dump_json()
+        keys = [self.feedback_key(record.id), self.key(record.id), self.feedback_stream]
+        args = [self.ttl_s, data, self.maxlen, record.id, json.dumps(record.reward)]
+        return bool(await self.redis.eval(_REWARD_ONCE, len(keys), *keys, *args))
 
     async def close(self) -> None:
         await self.redis.aclose()

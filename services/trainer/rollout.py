@@ -172,10 +172,12 @@ def take_live(
     order of magnitude, and oldest-first trained every round on the backlog its first policy had served (a live
     run of three rounds learned from `base` only). Stale ones (a policy version outside `fresh_versions`, given
     oldest to newest) are acknowledged and dropped; fresh ones not taken stay pending for a later round.
+    A trajectory is taken once: a later entry for the same trajectory id is dropped.
     Returns (entries in arrival order, dropped)."""
     group, consumer = group_name(run_id), "worker"
     rank = {version: position for position, version in enumerate(fresh_versions)}
     fresh: dict[str, TrajectoryRecord] = {}
+    taken_ids: set[str] = set()
     dropped = 0
 
     def consider(entries) -> None:
@@ -184,11 +186,13 @@ def take_live(
             if not fields:
                 continue
             record = TrajectoryRecord.model_validate_json(fields["data"])
-            if record.reward is None or record.policy_version not in rank:
+            if record.reward is None or record.policy_version not in rank or record.id in taken_ids:
+                # the same trajectory twice (a feedback stream fed by other writers): one training sample
                 r.xack(stream, group, entry_id)
                 dropped += 1
             else:
                 fresh[entry_id] = record
+                taken_ids.add(record.id)
 
     cursor = "0-0"
     while True:  # what earlier rounds saw and left pending

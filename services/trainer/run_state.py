@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -101,6 +102,11 @@ class RunState(BaseModel):
     error: str | None = None
     initial_policy_version: str = Field("base", description="The policy serving when the run started.")
     reward_baseline: float | None = Field(None, description="Live: running mean reward (advantage baseline).")
+    chain_id: str = Field(
+        default_factory=lambda: uuid.uuid4().hex,
+        description="This run's own id for its chain of tasks: a run started again under the same run id (its "
+        "folder removed) is another chain.",
+    )
 
     @staticmethod
     def path(runs_dir: Path, run_id: str) -> Path:
@@ -141,9 +147,14 @@ def migrate_gamma(data: dict[str, Any]) -> None:
     data["lam"] = PAPER_GAMMA
 
 
-def append_metrics(runs_dir: Path, run_id: str, row: dict) -> None:
+def append_metrics(runs_dir: Path, run_id: str, row: dict) -> bool:
+    """Append a round's row, once: a publish redelivered after it wrote the row but before it saved the state finds
+    the row there and writes nothing (False)."""
+    if any(r.get("round") == row["round"] for r in read_metrics(runs_dir, run_id)):
+        return False
     with (runs_dir / run_id / "metrics.jsonl").open("a") as fh:
         fh.write(json.dumps(row) + "\n")
+    return True
 
 
 def read_metrics(runs_dir: Path, run_id: str) -> list[dict]:

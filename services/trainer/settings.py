@@ -66,6 +66,12 @@ class TrainerSettings(CommonSettings):
         2, ge=1, description="Seconds before the first retry; doubles with each retry (Celery's retry_backoff)."
     )
     retry_backoff_max_s: int = Field(60, ge=1, description="Cap on the wait between two retries, in seconds.")
+    max_redeliveries: int = Field(
+        2,
+        ge=0,
+        description="How often one step's message may come back after its worker was lost (acks_late requeues it: a "
+        "step killed for memory would be killed again forever); one more fails the run with the reason.",
+    )
     retry_jitter: bool = Field(True, description="Draw each wait uniformly from [0, backoff] (full jitter).")
     device: str = Field(
         "auto",

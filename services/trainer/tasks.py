@@ -21,7 +21,7 @@ from services.trainer import plan
 from services.trainer import publish as publish_step
 from services.trainer import train as train_step
 from services.trainer.retry import AUTORETRY_FOR, DONT_AUTORETRY_FOR, is_transient
-from services.trainer.round_files import mark_failed
+from services.trainer.round_files import mark_failed, redis_client
 from services.trainer.run_state import RunState
 from services.trainer.settings import TrainerSettings
 from services.trainer.trackers import check_trackers
@@ -37,8 +37,21 @@ def _algo(settings: TrainerSettings, run_id: str):
     return RunState.load(settings.runs_dir, run_id).config.algo
 
 
+# How long the record that a step was enqueued is kept: longer than any round.
+CHAIN_MARK_TTL_S = 7 * 24 * 3600
+
+
 def _then(settings: TrainerSettings, run_id: str, round_index: int, step: plan.Step, phase: plan.Phase) -> None:
-    next_round, next_step, next_phase = plan.next_step(_algo(settings, run_id), round_index, step, phase)
+    """Enqueue the step after this one, once per run: a redelivered message (acks_late, a worker lost after its
+    step was done) finds the mark and starts no second chain of rounds. The mark is set before the send, so a
+    worker that dies between the two leaves the run waiting, which `bridge-rl train --resume` restarts, and never
+    running twice."""
+    state = RunState.load(settings.runs_dir, run_id)
+    next_round, next_step, next_phase = plan.next_step(state.config.algo, round_index, step, phase)
+    mark = f"bridge:trainer:enqueued:{run_id}:{state.chain_id}:{next_round}:{next_step}:{next_phase}"
+    if not redis_client(settings).set(mark, "1", nx=True, ex=CHAIN_MARK_TTL_S):
+        log.info("run %s: %s of round %d (%s) was enqueued already", run_id, next_step, next_round, next_phase)
+        return
     {"collect": collect, "train": train, "publish": publish}[next_step].delay(run_id, next_round, next_phase)
 
 
@@ -48,6 +61,25 @@ class RoundStep(Task):
 
     autoretry_for = AUTORETRY_FOR
     dont_autoretry_for = DONT_AUTORETRY_FOR
+
+    def __call__(self, *args, **kwargs):
+        """Count this message's deliveries (per retry: a retry is a new message under the same task id); past
+        `max_redeliveries` the worker running it was lost each time, and the run fails instead of looping."""
+        if self.request.id is None:  # called in-process (a test, `.run`): no message
+            return super().__call__(*args, **kwargs)
+        settings = _settings()
+        key = f"bridge:trainer:deliveries:{self.request.id}:{self.request.retries}"
+        r = redis_client(settings)
+        deliveries = r.incr(key)
+        r.expire(key, CHAIN_MARK_TTL_S)
+        if deliveries > settings.max_redeliveries + 1:
+            run_id, what = self._what(args, kwargs)
+            reason = (f"{what}: delivered {deliveries} times, its worker lost each time (killed for memory or "
+                      "time?); BRIDGE_TRAINER_MAX_REDELIVERIES bounds it")  # fmt: skip
+            mark_failed(settings, run_id, reason)
+            log.error("run %s: %s failed after %d deliveries", run_id, what, deliveries)
+            return None
+        return super().__call__(*args, **kwargs)
 
     def _what(self, args: tuple, kwargs: dict) -> tuple[str, str]:
         """(run id, "publish round 0 (round)") of this call."""

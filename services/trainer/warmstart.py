@@ -59,9 +59,13 @@ DEFAULT_DATASETS = (
     "bioasq",
 )
 MULTI_HOP = frozenset({"hotpotqa", "2wikimultihopqa", "musique"})
-SHIPPED_ADAPTER_DIR = Path(__file__).resolve().parents[1] / "policy" / "warmstart_adapter"
-# Every adapter in the repo, by name: `bridge-rl prepare --adapter NAME` merges one beside the default policy.
-SHIPPED_ADAPTERS = {"protocol": SHIPPED_ADAPTER_DIR, "reading": SHIPPED_ADAPTER_DIR.with_name("reading_adapter")}
+_POLICY_PACKAGE = Path(__file__).resolve().parents[1] / "policy"
+# Every adapter in the repo, by name: `bridge-rl prepare` merges the default one into the default policy, and
+# `--adapter NAME` merges another beside it. "reading" reads its evidence (docs/results.md §22i); "protocol" is the
+# first warm start, which learned the Search-R1 format but not to read (§17).
+SHIPPED_ADAPTERS = {"reading": _POLICY_PACKAGE / "reading_adapter", "protocol": _POLICY_PACKAGE / "warmstart_adapter"}
+DEFAULT_ADAPTER = "reading"
+DEFAULT_ADAPTER_DIR = SHIPPED_ADAPTERS[DEFAULT_ADAPTER]
 MANIFEST = "manifest.json"
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
@@ -92,7 +96,7 @@ def training_pool(qa_dir: Path, dataset: str) -> list[PoolItem]:
     return [pool_item(dataset, position, row) for position, row in training_rows(qa_dir, dataset)]
 
 
-def load_shipped_manifest(folder: Path = SHIPPED_ADAPTER_DIR) -> dict[str, Any] | None:
+def load_shipped_manifest(folder: Path = DEFAULT_ADAPTER_DIR) -> dict[str, Any] | None:
     path = folder / MANIFEST
     return json.loads(path.read_text()) if path.exists() else None
 

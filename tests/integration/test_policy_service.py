@@ -160,24 +160,30 @@ def test_rollouts_are_reproducible_by_seed(policy):
         assert a.turns[0].observation_ids == b.turns[0].observation_ids
 
 
-def test_feedback_sets_the_reward(policy, rollout_records):
-    record = rollout_records[0]
-    wrong = {"trajectory_id": record.id, "golden_answers": ["definitely not this"]}
+def test_feedback_sets_the_reward_once_per_trajectory(policy, rollout_records):
+    first, second, third = rollout_records[:3]
+    wrong = {"trajectory_id": first.id, "golden_answers": ["definitely not this"]}
     response = httpx.post(policy.url + "/v1/feedback", json=wrong)
     assert response.status_code == 200 and response.json()["reward"] == 0.0
-    assert fetch(policy, record.id).reward_kind == "em"
-    scored = httpx.post(policy.url + "/v1/feedback", json={**wrong, "reward_kind": "em-format"})
+    assert fetch(policy, first.id).reward_kind == "em"
+    # one feedback per trajectory: a second would be a second training sample of the same answer
+    again = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": first.id, "reward": 1.0})
+    assert again.status_code == 409 and again.json()["error"]["code"] == "feedback_given"
+    assert fetch(policy, first.id).reward == 0.0
+    scored = httpx.post(
+        policy.url + "/v1/feedback", json={**wrong, "trajectory_id": second.id, "reward_kind": "em-format"}
+    )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(policy.env["BRIDGE_POLICY_MODEL_DIR"])
-    text = trajectory_text(fetch(policy, record.id), tokenizer)
-    expected = em_format_score(text, record.answer, wrong["golden_answers"])
+    text = trajectory_text(fetch(policy, second.id), tokenizer)
+    expected = em_format_score(text, second.answer, wrong["golden_answers"])
     assert scored.status_code == 200 and scored.json()["reward"] == expected
-    assert fetch(policy, record.id).reward_kind == "em-format"
-    both = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": record.id, "reward": 1, "reward_kind": "f1"})
+    assert fetch(policy, second.id).reward_kind == "em-format"
+    both = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": third.id, "reward": 1, "reward_kind": "f1"})
     assert both.status_code == 422 and "reward_kind" in both.text
-    response = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": record.id, "reward": 0.5})
-    assert response.status_code == 200 and fetch(policy, record.id).reward == 0.5
+    response = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": third.id, "reward": 0.5})
+    assert response.status_code == 200 and fetch(policy, third.id).reward == 0.5
     missing = httpx.post(policy.url + "/v1/feedback", json={"trajectory_id": "nope", "reward": 1.0})
     assert missing.status_code == 404
 

@@ -32,12 +32,13 @@ RUNTIME_CHECK = textwrap.dedent(
     from services.cli.demo import DEMO
     from services.console.routes.pages import STATIC
     from services.trainer.settings import DEMO_QA_DIR
-    from services.trainer.warmstart import SHIPPED_ADAPTER_DIR, verify_adapter
+    from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
 
     venv = Path(sys.prefix).resolve()
     assert Path(services.__file__).resolve().is_relative_to(venv), services.__file__
-    manifest = verify_adapter(SHIPPED_ADAPTER_DIR)
-    assert {"adapter_model.safetensors", "adapter_config.json"} <= set(manifest["files"]), manifest["files"]
+    for adapter in SHIPPED_ADAPTERS.values():  # the default one and every other `prepare --adapter` can merge
+        manifest = verify_adapter(adapter)
+        assert {"adapter_model.safetensors", "adapter_config.json"} <= set(manifest["files"]), manifest["files"]
     for folder, name in [(DEMO, "hotpotqa_corpus.jsonl"), (DEMO_QA_DIR, "hotpotqa_train.jsonl"),
                          (STATIC, "index.html"), (STATIC, "console.js")]:
         assert folder.resolve().is_relative_to(venv), folder

@@ -17,7 +17,7 @@ from services.common.errors import InvalidRequest, UpstreamUnavailable
 from services.console.routes.deps import Service
 
 router = APIRouter(prefix="/api")
-_API_PATH = re.compile(r"^(v1(/[A-Za-z0-9_.~-]+)*|healthz|readyz|metrics)$")
+_API_PATH = re.compile(r"v1(/[A-Za-z0-9_.~-]+)*|healthz|readyz|metrics")
 PASSED_HEADERS = ("content-type", "cache-control", "www-authenticate", "x-accel-buffering")
 
 
@@ -33,8 +33,12 @@ async def proxy(
     request: Request,
     service: Service,
 ) -> StreamingResponse:
-    if not _API_PATH.match(path) or ".." in path:
-        raise InvalidRequest(f"not a service API path: {path!r}", param="path")
+    # The whole decoded path, not the route's `path` parameter: the router's pattern ends in `$`, which also matches
+    # before a trailing newline, so "v1/checkpoints%0A" arrived here as "v1/checkpoints". fullmatch, for the same
+    # reason.
+    raw = request.scope["path"].removeprefix(f"/api/{upstream}/")
+    if not _API_PATH.fullmatch(raw) or ".." in raw:
+        raise InvalidRequest(f"not a service API path: {raw!r}", param="path")
     body = await request.body()
     try:
         response = await service.forward(upstream, request.method, path, request.url.query.encode(),

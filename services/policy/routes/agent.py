@@ -105,7 +105,10 @@ async def agent_rollouts(body: RolloutRequest, service: Service, metrics: Metric
 @router.post(
     "/v1/feedback",
     response_model=FeedbackResponse,
-    responses={404: {"description": "Unknown id"}, 409: {"description": "The trajectory was cut short"}},
+    responses={
+        404: {"description": "Unknown id"},
+        409: {"description": "The trajectory was cut short, or already has its feedback (one per trajectory)"},
+    },
 )
 async def feedback(body: FeedbackRequest, service: Service) -> FeedbackResponse:
     return await service.feedback(body)

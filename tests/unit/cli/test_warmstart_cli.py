@@ -29,7 +29,7 @@ def test_warmstart_help_names_resume_and_the_recipe():
 def test_prepare_refuses_an_unknown_adapter(tmp_path, monkeypatch):
     monkeypatch.setenv("BRIDGE_DATA_DIR", str(tmp_path))
     result = CliRunner().invoke(app, ["prepare", "--adapter", "nope"])
-    assert result.exit_code == 2 and "shipped adapters are protocol, reading" in result.output
+    assert result.exit_code == 2 and "shipped adapters are reading, protocol" in result.output
 
 
 def test_continue_from_and_init_from_are_one_or_the_other(tmp_path, monkeypatch):

@@ -117,3 +117,28 @@ def make_replacing(root, version, data):
     staging = staging_dir(root, version)
     (staging / "weights.safetensors").write_bytes(data)
     return publish_checkpoint(staging, root / version, replace=True, kind="retriever-query", version=version)
+
+
+def test_a_file_linked_outside_the_root_is_refused_though_its_sha256_matches(tmp_path):
+    root = tmp_path / "root"
+    make(root)
+    outside = tmp_path / "elsewhere.safetensors"
+    outside.write_bytes(b"abc")  # the same bytes: the manifest's sha256 holds
+    (root / "v1" / "weights.safetensors").unlink()
+    (root / "v1" / "weights.safetensors").symlink_to(outside)
+    with pytest.raises(InvalidRequest, match="symbolic link"):
+        load_manifest(root, "v1")
+
+
+def test_a_file_the_manifest_does_not_list_is_refused(tmp_path):
+    make(tmp_path)
+    (tmp_path / "v1" / "adapter_model.bin").write_bytes(b"a pickle a loader would read")
+    with pytest.raises(InvalidRequest, match="does not list: adapter_model.bin"):
+        load_manifest(tmp_path, "v1")
+
+
+def test_publish_makes_the_rename_durable(tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.setattr(checkpoints, "fsync_dir", synced.append)
+    make(tmp_path)
+    assert synced == [tmp_path]  # the folder that holds the new name

@@ -51,3 +51,28 @@ def test_requests_are_counted_by_route_and_status_and_big_bodies_refused():
     # and timed: one latency observation per request, in the same labels
     assert samples(app, "bridge_test_request_duration_seconds_count") == samples(app, "bridge_test_requests_total")
     assert all(v > 0 for v in samples(app, "bridge_test_request_duration_seconds_sum").values())
+
+
+def test_a_chunked_body_over_the_limit_is_refused_with_413_not_a_parse_error():
+    """No Content-Length to refuse up front: the limit trips while FastAPI reads the body, and the client must still
+    get the 413 the docs promise (it got 400 "There was an error parsing the body")."""
+    from services.common.errors import install_error_handlers
+
+    app = FastAPI()
+    app.state.metrics = ServiceMetrics("test")
+    install_request_middleware(app, max_body_bytes=64)
+    install_error_handlers(app)
+
+    @app.post("/echo")
+    async def echo(body: Body) -> dict:
+        return {"text": body.text}
+
+    def chunks(total: int):
+        text = b'{"text": "' + b"x" * total + b'"}'
+        yield from (text[i : i + 16] for i in range(0, len(text), 16))
+
+    client = TestClient(app, raise_server_exceptions=False)
+    assert client.post("/echo", content=chunks(10), headers={"content-type": "application/json"}).status_code == 200
+    refused = client.post("/echo", content=chunks(500), headers={"content-type": "application/json"})
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["error"]["type"] == "payload_too_large" and "exceeds 64 bytes" in refused.json()["detail"]

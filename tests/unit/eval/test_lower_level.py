@@ -104,3 +104,42 @@ def test_teacher_quality_splits_top_gold_by_where_the_answer_is_written():
     assert view["yes_no_answer"]["questions"] == 1 and view["yes_no_answer"]["teacher"] == 0.0
     assert view["perfect_reader_top_is_gold"] == pytest.approx((1.0 + 0.5 + 0.25 + 0.5 + 1.0) / 5)
     assert view["perfect_reader_else_teacher"] == pytest.approx((1.0 + 0.0 + 0.0 + 1.0 + 1.0) / 5)
+
+
+def test_training_questions_leave_out_what_an_adapter_trained_on(tmp_path):
+    write(tmp_path, "a", EVAL_SPLIT + 4)
+    picked = train_questions(tmp_path, ["a"], 100, seed=0, exclude={"a": {f"a-{EVAL_SPLIT}", f"a-{EVAL_SPLIT + 2}"}})
+    assert sorted(r["id"] for r in picked) == [f"a-{EVAL_SPLIT + 1}", f"a-{EVAL_SPLIT + 3}"]
+
+
+def test_teacher_quality_held_out_of_every_stage_of_the_named_adapters():
+    from experiments.teacher_quality import held_out_of
+    from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
+
+    data = verify_adapter(SHIPPED_ADAPTERS["reading"])["data"]
+    seen = held_out_of(["reading"])
+    for key in ("trained_ids", "earlier_trained_ids"):
+        for dataset, ids in (data.get(key) or {}).items():
+            assert set(ids) <= seen[dataset]
+    both = held_out_of(["reading", "protocol"])
+    assert all(seen[d] <= both[d] for d in seen) and sum(map(len, both.values())) > sum(map(len, seen.values()))
+
+
+def test_teacher_quality_update_by_where_the_answer_is_written():
+    """The posterior target's pull on the retriever, per case: no pull where the policy scores every candidate
+    alike (total variation 0), and a pull towards the y*-holding candidate where it reads."""
+    from experiments.teacher_quality import update_view
+
+    flat = [math.log(0.5), math.log(0.5)]
+    reads = {**scored([True, False], 0.5, 0.9, 0.9, [-1.0, -3.0]), "log_prior": flat, "holds_answer": [True, False]}
+    blind = {**scored([True, False], 0.5, 0.5, 0.5, [-2.0, -2.0]), "log_prior": flat, "holds_answer": [False, False]}
+    view = update_view([reads, blind], beta_q=1.0)
+    pulled = view["supporting_holds_answer"]
+    moved = 1 / (1 + math.exp(-2.0)) - 0.5
+    assert pulled["questions"] == 1 and pulled["total_variation"] == pytest.approx(moved)
+    assert pulled["gold_mass_change"]["mean"] == pytest.approx(moved) and pulled["gold_mass_change"]["more"] == 1
+    assert pulled["answer_mass_change"]["more"] == 1
+    none = view["no_candidate_holds_answer"]
+    assert none["questions"] == 1 and none["total_variation"] == pytest.approx(0.0)
+    assert none["gold_mass_change"]["more"] == none["gold_mass_change"]["less"] == 0
+    assert view["yes_no_answer"] == {"questions": 0}

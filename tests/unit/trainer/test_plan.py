@@ -153,3 +153,27 @@ def test_live_rounds_take_the_freshest_trajectories_and_drop_the_stale():
         assert [rec.id for _, rec in taken] == ["v1-2", "v2-0", "v2-1"] and dropped == 0  # a retry takes the same
     finally:
         r.delete(stream)
+
+
+def test_a_live_round_takes_each_trajectory_once():
+    """Real Redis: two feedback entries for one trajectory (a writer other than the policy service, which announces
+    one) are one training sample; the later one is acknowledged and dropped."""
+    import os
+    import uuid
+
+    import redis
+
+    from services.trainer.rollout import ensure_group, group_name, take_live
+
+    r = redis.Redis.from_url(os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), decode_responses=True)
+    stream, run = f"test:feedback:{uuid.uuid4().hex}", "run"
+    try:
+        ensure_group(r, stream, run)
+        for trajectory_id, reward in (("t1", 1.0), ("t2", 0.0), ("t1", 0.0)):
+            rec = record(trajectory_id, "q1", 0).model_copy(update={"policy_version": "v1", "reward": reward})
+            r.xadd(stream, {"data": rec.model_dump_json()})
+        taken, dropped = take_live(r, stream, run, want=3, fresh_versions=["v1"])
+        assert sorted(rec.id for _, rec in taken) == ["t1", "t2"] and dropped == 1
+        assert r.xpending(stream, group_name(run))["pending"] == 2
+    finally:
+        r.delete(stream)

@@ -1,5 +1,6 @@
-"""The shipped warm-start adapter: its manifest matches its files, `prepare` merges it once (and again only when it
-changes), a tampered file is refused, and the merged folder becomes the default policy."""
+"""The shipped warm-start adapters: each manifest matches its files, `prepare` merges the default one (reading)
+once, and again only when the adapter changes (a data dir prepared with the protocol adapter gets the reading one),
+a tampered file is refused, and the merged folder becomes the default policy."""
 
 from __future__ import annotations
 
@@ -10,13 +11,20 @@ import pytest
 
 from services.cli.prepare import prepare_warmstart_model
 from services.common.settings import CommonSettings
-from services.trainer.warmstart import EVAL_SPLIT, SHIPPED_ADAPTER_DIR, SHIPPED_ADAPTERS, verify_adapter
+from services.eval.split import trained_ids
+from services.trainer.warmstart import (
+    DEFAULT_ADAPTER,
+    DEFAULT_ADAPTER_DIR,
+    EVAL_SPLIT,
+    SHIPPED_ADAPTERS,
+    verify_adapter,
+)
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_ADAPTERS))
 def test_every_shipped_manifest_matches_its_files_and_the_split(name):
     folder = SHIPPED_ADAPTERS[name]
-    if name != "protocol" and not folder.exists():
+    if name != DEFAULT_ADAPTER and not folder.exists():
         pytest.skip(f"{folder} is not committed")
     manifest = verify_adapter(folder)
     assert set(manifest["files"]) == {"adapter_model.safetensors", "adapter_config.json"}
@@ -42,9 +50,16 @@ def test_prepare_merges_once_and_refuses_a_tampered_adapter(tmp_path, policy_mod
     assert prepare_warmstart_model(final, base) is True
     assert (final / "config.json").exists() and (final / "warmstart_manifest.json").exists()
     assert settings.policy_model_dir == final  # the merged warm start is now the default policy
+    merged = json.loads((final / "warmstart_manifest.json").read_text())
+    assert DEFAULT_ADAPTER == "reading" and merged["files"] == verify_adapter(DEFAULT_ADAPTER_DIR)["files"]
     assert prepare_warmstart_model(final, base) is False  # idempotent
+    # a data dir merged from another adapter (an earlier default) is re-merged with the default one
+    assert prepare_warmstart_model(final, base, SHIPPED_ADAPTERS["protocol"]) is True
+    assert json.loads((final / "warmstart_manifest.json").read_text())["files"] != merged["files"]
+    assert prepare_warmstart_model(final, base) is True
+    assert json.loads((final / "warmstart_manifest.json").read_text())["files"] == merged["files"]
     tampered = tmp_path / "adapter"
-    shutil.copytree(SHIPPED_ADAPTER_DIR, tampered)
+    shutil.copytree(DEFAULT_ADAPTER_DIR, tampered)
     config = json.loads((tampered / "adapter_config.json").read_text())
     config["r"] = 4
     (tampered / "adapter_config.json").write_text(json.dumps(config))
@@ -52,13 +67,17 @@ def test_prepare_merges_once_and_refuses_a_tampered_adapter(tmp_path, policy_mod
         prepare_warmstart_model(final, base, tampered)
 
 
-def test_the_demo_trains_on_questions_neither_evaluated_nor_warm_started():
+@pytest.mark.parametrize("name", sorted(SHIPPED_ADAPTERS))
+def test_the_demo_trains_on_questions_neither_evaluated_nor_warm_started(name):
     demo = [
-        json.loads(line)["id"] for line in (SHIPPED_ADAPTER_DIR.parents[1] / "demo_data/hotpotqa_train.jsonl").open()
+        json.loads(line)["id"] for line in (DEFAULT_ADAPTER_DIR.parents[1] / "demo_data/hotpotqa_train.jsonl").open()
     ]
-    assert len(demo) == len(set(demo)) >= 3
-    assert not set(demo) & set(verify_adapter(SHIPPED_ADAPTER_DIR)["data"]["trained_ids"]["hotpotqa"])
-    path = SHIPPED_ADAPTER_DIR.parents[2].parent / "shared" / "data" / "qa" / "hotpotqa.jsonl"
+    assert len(demo) == len(set(demo)) >= 8  # the demo asks 3 and trains 2 rounds of 4
+    data = verify_adapter(SHIPPED_ADAPTERS[name])["data"]
+    for trained in (data["trained_ids"], data.get("earlier_trained_ids", {})):  # every stage of the adapter
+        assert not set(demo) & set(trained.get("hotpotqa", []))
+    assert not set(demo) & trained_ids(verify_adapter(SHIPPED_ADAPTERS[name]))["hotpotqa"]
+    path = DEFAULT_ADAPTER_DIR.parents[2].parent / "shared" / "data" / "qa" / "hotpotqa.jsonl"
     if path.exists():
         evaluation = {json.loads(line)["id"] for line in path.open().readlines()[:EVAL_SPLIT]}
         assert not evaluation & set(demo)
@@ -108,7 +127,8 @@ def test_a_new_stage_starts_from_the_adapter_and_keeps_its_held_out_and_its_trai
                                      "files": manifest["files"], "stage": plan.stage - 1}  # fmt: skip
 
 
-def test_the_committed_lora_loads_into_the_base_as_it_was_saved(policy_models_root):
+@pytest.mark.parametrize("name", sorted(SHIPPED_ADAPTERS))
+def test_the_committed_lora_loads_into_the_base_as_it_was_saved(policy_models_root, name):
     import torch
     from peft import LoraConfig, get_peft_model
     from safetensors.torch import load_file
@@ -116,7 +136,7 @@ def test_the_committed_lora_loads_into_the_base_as_it_was_saved(policy_models_ro
 
     from services.trainer.warmstart import load_adapter_weights
 
-    folder = SHIPPED_ADAPTER_DIR
+    folder = SHIPPED_ADAPTERS[name]
     config = json.loads((folder / "adapter_config.json").read_text())
     base = AutoModelForCausalLM.from_pretrained(str(policy_models_root / "SmolLM2-135M-Instruct"), dtype=torch.float32)
     lora = LoraConfig(r=config["r"], lora_alpha=config["lora_alpha"], target_modules=config["target_modules"],
