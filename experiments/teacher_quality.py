@@ -32,14 +32,14 @@ from tqdm import tqdm
 
 from bench.script import REPO
 from experiments.lower_level import doc_matrix, frozen_warm_start, load_corpora, rollouts, supporting, train_questions
-from services.eval.split import trained_ids, training_rows
+from services.eval.split import training_rows
 from services.eval.stats import bootstrap_questions, sign_test
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import q_target
 from services.trainer.models import RetrieverModel
 from services.trainer.reading import contains_gold, label_answer
-from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
+from services.trainer.warmstart import SHIPPED_ADAPTERS, shipped_trained_ids
 
 DISTRIBUTIONS = ("student", "teacher", "posterior")
 BETA_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -305,16 +305,6 @@ def report(summary: dict, args, elapsed: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def held_out_of(names: list[str]) -> dict[str, set[str]]:
-    """Per dataset, the question ids any of the named shipped adapters trained on (every stage): the questions a
-    held-out measure must not draw."""
-    seen: dict[str, set[str]] = {}
-    for name in names:
-        for dataset, ids in trained_ids(verify_adapter(SHIPPED_ADAPTERS[name])).items():
-            seen.setdefault(dataset, set()).update(ids)
-    return seen
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--qa-dir", type=Path, required=True)
@@ -370,9 +360,12 @@ def main() -> None:
     unknown = [n for n in args.held_out_of if n not in SHIPPED_ADAPTERS]
     if unknown:
         raise SystemExit(f"--held-out-of {unknown[0]!r}: shipped adapters are {', '.join(SHIPPED_ADAPTERS)}")
-    questions = train_questions(args.qa_dir, args.train_datasets, args.questions, args.seed,
-                                exclude=held_out_of(args.held_out_of))  # fmt: skip
-    by_adapter = {name: held_out_of([name]) for name in SHIPPED_ADAPTERS}
+    by_adapter = {name: shipped_trained_ids([name]) for name in SHIPPED_ADAPTERS}
+    exclude: dict[str, set[str]] = {}
+    for name in args.held_out_of:
+        for dataset, ids in by_adapter[name].items():
+            exclude.setdefault(dataset, set()).update(ids)
+    questions = train_questions(args.qa_dir, args.train_datasets, args.questions, args.seed, exclude=exclude)
     dataset_of = {str(q["id"]): q["dataset"] for q in questions}
     scored = []
     for b in tqdm(range(0, len(questions), args.batch), desc="Q_theta", unit="batch"):

@@ -15,14 +15,14 @@ import json
 import sys
 from pathlib import Path
 
-from services.eval.split import trained_ids, training_rows
-from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
+from services.eval.split import training_rows
+from services.trainer.warmstart import SHIPPED_ADAPTERS, shipped_trained_ids
 
 OUT = Path(__file__).resolve().parents[1] / "services" / "demo_data"
 
 
 def main(data: Path, n: int, corpus_questions: int) -> None:
-    seen = {i for folder in SHIPPED_ADAPTERS.values() for i in trained_ids(verify_adapter(folder)).get("hotpotqa", ())}
+    seen = shipped_trained_ids(list(SHIPPED_ADAPTERS)).get("hotpotqa", set())
     pool = [row for _, row in training_rows(data / "qa", "hotpotqa")]
     questions = [row for row in pool if row["id"] not in seen][:n]
     wanted = {d for q in questions + pool[:corpus_questions] for d in q["metadata"]["context_doc_ids"]}

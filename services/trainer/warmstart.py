@@ -41,7 +41,7 @@ from services.common.checkpoints import sha256_file
 from services.common.schemas.policy import TrajectoryRecord, TurnRecord
 from services.common.schemas.retriever import SearchResponse
 from services.eval.datasets import EvalItem, row_fields
-from services.eval.split import EVAL_SPLIT, SplitViolation, training_rows
+from services.eval.split import EVAL_SPLIT, SplitViolation, trained_ids, training_rows
 
 if TYPE_CHECKING:
     pass
@@ -94,6 +94,16 @@ def pool_item(dataset: str, position: int, row: dict[str, Any]) -> PoolItem:
 def training_pool(qa_dir: Path, dataset: str) -> list[PoolItem]:
     """The training-pool questions of `dataset` (services/eval/split.py: never the evaluation split)."""
     return [pool_item(dataset, position, row) for position, row in training_rows(qa_dir, dataset)]
+
+
+def shipped_trained_ids(names: Sequence[str]) -> dict[str, set[str]]:
+    """Per dataset, the question ids any of the named shipped adapters trained on, in any stage (each manifest
+    verified against its files): what a held-out measure, or the demo, must not draw."""
+    seen: dict[str, set[str]] = {}
+    for name in names:
+        for dataset, ids in trained_ids(verify_adapter(SHIPPED_ADAPTERS[name])).items():
+            seen.setdefault(dataset, set()).update(ids)
+    return seen
 
 
 def load_shipped_manifest(folder: Path = DEFAULT_ADAPTER_DIR) -> dict[str, Any] | None:

@@ -113,15 +113,14 @@ def test_training_questions_leave_out_what_an_adapter_trained_on(tmp_path):
 
 
 def test_teacher_quality_held_out_of_every_stage_of_the_named_adapters():
-    from experiments.teacher_quality import held_out_of
-    from services.trainer.warmstart import SHIPPED_ADAPTERS, verify_adapter
+    from services.trainer.warmstart import SHIPPED_ADAPTERS, shipped_trained_ids, verify_adapter
 
     data = verify_adapter(SHIPPED_ADAPTERS["reading"])["data"]
-    seen = held_out_of(["reading"])
+    seen = shipped_trained_ids(["reading"])
     for key in ("trained_ids", "earlier_trained_ids"):
         for dataset, ids in (data.get(key) or {}).items():
             assert set(ids) <= seen[dataset]
-    both = held_out_of(["reading", "protocol"])
+    both = shipped_trained_ids(["reading", "protocol"])
     assert all(seen[d] <= both[d] for d in seen) and sum(map(len, both.values())) > sum(map(len, seen.values()))
 
 
