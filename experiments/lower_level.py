@@ -16,8 +16,10 @@ passages are sampled from p_phi over M candidates, and the policy then answers (
 second time on under 1 % of questions, so one search is what it does). Every index is an exact scan over the
 frozen document vectors of all corpora (what the served collection holds).
 
-Evaluation, before and after every arm: recall@3 and @10 of the supporting passages on the evaluation split
-(first 100 questions) of every dataset that names them, with paired sign tests per question against the start.
+Evaluation, before and after every arm, on the evaluation split (first 100 questions) of every dataset that names
+supporting passages: recall@3 and @10 of those passages and answer-bearing recall@3 (a top-3 passage writes a gold
+alias), each with the question as the query and (suffix `/policy`) with the frozen policy's own first query, with
+paired sign tests per question against the start.
 Writes results.json, results.md, recall.png and each arm's query tower (safetensors) under --out; resumable.
 
     python -m experiments.lower_level --qa-dir ../shared/data/qa --corpus-dir ../shared/data/corpus \
@@ -37,11 +39,12 @@ import torch
 from tqdm import tqdm
 
 from bench.script import REPO, prepare_models
-from services.common.answers import exact_match, extract_answer
+from services.common.answers import contains_gold, exact_match, extract_answer, label_answer
 from services.common.schemas.policy import TrajectoryRecord, TurnRecord
 from services.eval.scoring import support_recall
 from services.eval.split import EVAL_SPLIT, training_rows
 from services.eval.stats import sign_test
+from services.modeling.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, parse_search
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.optim import RoundOptimizers
@@ -52,6 +55,8 @@ from services.trainer.warmstart import search_query
 
 ARMS = ("supervised", "target", "credit", "both")
 KS = (3, 10)
+METRICS = ("recall@3", "recall@10", "answer@3")
+POLICY = "/policy"  # the suffix of a metric measured with the policy's own first query
 
 
 # ----------------------------------------------------------------------------- data
@@ -125,18 +130,57 @@ def top_candidates(retriever: RetrieverModel, doc_vecs: torch.Tensor, queries: l
         return torch.topk(q @ doc_vecs.T, m, dim=-1)  # (B, M) scores and indices
 
 
-def recall(retriever: RetrieverModel, doc_vecs: torch.Tensor, ids: list[str], rows: list[dict]) -> dict[str, list]:
-    """Per question, recall@k of its supporting passages among the top k (k in KS) by exact search."""
-    scores, index = top_candidates(retriever, doc_vecs, [search_query(r["question"]) for r in rows], max(KS))
-    out: dict[str, list] = {f"recall@{k}": [] for k in KS}
+def recall(retriever: RetrieverModel, doc_vecs: torch.Tensor, ids: list[str], docs, rows: list[dict],
+           queries: list[str] | None = None, suffix: str = "") -> dict[str, list]:  # fmt: skip
+    """Per question, by exact search with `queries` (default: the question, `search_query`): recall@k of its
+    supporting passages among the top k (k in KS), and answer-bearing recall@3 (the top 3 hold a passage that writes
+    a gold alias, normalised; None for a yes/no label, which no passage writes)."""
+    queries = queries or [search_query(r["question"]) for r in rows]
+    _, index = top_candidates(retriever, doc_vecs, queries, max(KS))
+    out: dict[str, list] = {f"{m}{suffix}": [] for m in METRICS}
     for row, found in zip(rows, index.tolist(), strict=True):
         for k in KS:
-            out[f"recall@{k}"].append(support_recall([ids[i] for i in found[:k]], supporting(row)))
+            out[f"recall@{k}{suffix}"].append(support_recall([ids[i] for i in found[:k]], supporting(row)))
+        golden = row["golden_answers"]
+        holds = any(contains_gold(golden, " ".join(docs[ids[i]])) for i in found[:3])
+        out[f"answer@3{suffix}"].append(None if label_answer(golden) else float(holds))
     return out
 
 
-def evaluate(retriever, doc_vecs, ids, evals: dict[str, list[dict]]) -> dict[str, dict[str, list]]:
-    return {dataset: recall(retriever, doc_vecs, ids, rows) for dataset, rows in evals.items()}
+def evaluate(retriever, doc_vecs, ids, docs, evals: dict[str, list[dict]],
+             policy_queries: dict[str, list[str]] | None = None) -> dict[str, dict[str, list]]:  # fmt: skip
+    """`recall` per dataset with the question as the query, and (suffix `/policy`) with the policy's own first
+    query where `policy_queries` holds them."""
+    out = {}
+    for dataset, rows in evals.items():
+        out[dataset] = recall(retriever, doc_vecs, ids, docs, rows)
+        if policy_queries and dataset in policy_queries:
+            out[dataset] |= recall(retriever, doc_vecs, ids, docs, rows, policy_queries[dataset], POLICY)
+    return out
+
+
+def mean(values: list) -> float:
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else float("nan")
+
+
+def policy_first_queries(policy: PolicyModel, evals: dict[str, list[dict]], cache: Path, batch: int = 16):
+    """The frozen policy's own first search on each evaluation question (greedy, as served): the query of its first
+    turn when that turn ends on </search>, else the question (`search_query`, as the retriever then gets no
+    search). Cached in `cache`; returns ({dataset: queries}, {dataset: share of questions it searched itself})."""
+    if cache.exists():
+        stored = json.loads(cache.read_text())
+        return stored["queries"], stored["own"]
+    tok = policy.tokenizer
+    queries, own = {}, {}
+    for dataset, rows in evals.items():
+        prompts = [tok(build_prompt(tok, r["question"]), add_special_tokens=False)["input_ids"] for r in rows]
+        texts = generate(policy, prompts, 64, SEARCH_STOP, temperature=0.0, batch=batch)
+        parsed = [parse_search(t) for t in texts]
+        queries[dataset] = [q or search_query(r["question"]) for q, r in zip(parsed, rows, strict=True)]
+        own[dataset] = sum(q is not None for q in parsed) / len(rows)
+    cache.write_text(json.dumps({"queries": queries, "own": own}, indent=1))
+    return queries, own
 
 
 # ----------------------------------------------------------------------------- rollouts
@@ -177,12 +221,20 @@ def rollouts(policy: PolicyModel, retriever: RetrieverModel, doc_vecs, ids, docs
 
 
 def answer_texts(policy: PolicyModel, contexts: list[list[int]], args) -> list[str]:
-    """The frozen policy's continuation of each context (sampled at the rollout temperature), in batches."""
+    """The frozen policy's answer to each context, sampled at the rollout temperature."""
+    return generate(policy, contexts, args.answer_tokens, ANSWER_STOP, args.rollout_temperature, args.generate_batch)
+
+
+def generate(policy: PolicyModel, contexts: list[list[int]], max_new: int, stop: str, temperature: float,
+             batch: int) -> list[str]:  # fmt: skip
+    """The frozen policy's continuation of each context up to `stop` (greedy at temperature 0), in batches."""
     tok = policy.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {
+        "do_sample": False}  # fmt: skip
     texts = []
-    for start in range(0, len(contexts), args.generate_batch):
-        chunk = contexts[start : start + args.generate_batch]
+    for start in range(0, len(contexts), batch):
+        chunk = contexts[start : start + batch]
         width = max(map(len, chunk))
         input_ids = torch.full((len(chunk), width), pad)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -190,9 +242,8 @@ def answer_texts(policy: PolicyModel, contexts: list[list[int]], args) -> list[s
             input_ids[i, width - len(ids) :] = torch.tensor(ids)
             mask[i, width - len(ids) :] = 1
         with torch.no_grad(), policy.model.disable_adapter():  # the LoRA is B = 0: the warm start itself
-            out = policy.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=args.answer_tokens,
-                                        do_sample=True, temperature=args.rollout_temperature, top_k=0, top_p=1.0,
-                                        pad_token_id=pad, stop_strings=["</answer>"], tokenizer=tok)  # fmt: skip
+            out = policy.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new,
+                                        pad_token_id=pad, stop_strings=[stop], tokenizer=tok, **sampling)  # fmt: skip
         texts += tok.batch_decode(out[:, width:], skip_special_tokens=True)
     return texts
 
@@ -226,10 +277,12 @@ def algo_config(arm: str, args, steps: int) -> AlgoConfig:
     return AlgoConfig(algo="retriever-only", retriever_objective=arm, group_size=args.group, q_steps=args.batch,
                       q_candidates=args.q_candidates, retriever_lr=args.lr, retriever_steps=args.steps,
                       seed=args.seed, lr_schedule="constant", retriever_params=args.retriever_params,
-                      q_prior=args.q_prior, beta_q=args.beta_q)  # fmt: skip
+                      q_prior=args.q_prior, beta_q=args.beta_q,
+                      q_informative_only=args.q_informative_only)  # fmt: skip
 
 
-def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, args, out: Path) -> dict:
+def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, args, out: Path,
+            policy_queries: dict[str, list[str]]) -> dict:  # fmt: skip
     """One arm from the start: batches in order, recall on the training datasets' evaluation split every
     `--eval-every` batches; resumes from its last saved batch."""
     folder = out / arm
@@ -269,9 +322,9 @@ def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, arg
             progress["rewards"].append(float(batch.rewards.mean()))
         progress["done"] = b + 1
         if progress["done"] % args.eval_every == 0 or progress["done"] == len(batches):
-            now = evaluate(retriever, doc_vecs, ids, train_sets)
+            now = evaluate(retriever, doc_vecs, ids, docs, train_sets, policy_queries)
             progress["curve"].append({"batch": progress["done"], **{
-                d: {k: float(np.mean(v)) for k, v in r.items()} for d, r in now.items()}})  # fmt: skip
+                d: {k: mean(v) for k, v in r.items()} for d, r in now.items()}})  # fmt: skip
             retriever.save_trained(folder, tower.name)
             if arm == "supervised":
                 torch.save(adam.state_dict(), folder / "adam.pt")
@@ -280,7 +333,7 @@ def run_arm(arm: str, models, policy, doc_vecs, ids, docs, questions, evals, arg
             progress["train_s"] = progress.get("train_s", 0.0) + time.perf_counter() - started
             started = time.perf_counter()
             progress_file.write_text(json.dumps(progress, indent=1))
-    return {"progress": progress, "after": evaluate(retriever, doc_vecs, ids, evals)}
+    return {"progress": progress, "after": evaluate(retriever, doc_vecs, ids, docs, evals, policy_queries)}
 
 
 # ----------------------------------------------------------------------------- report
@@ -297,18 +350,19 @@ def report(start: dict, arms: dict, args, elapsed: float) -> str:
              f"of {args.batch} (G {args.group} rollouts each for credit/both), M {args.candidates}, top-{args.top_k}, "
              f"retrieval temperature {args.retrieval_temperature}, lr {args.lr}, K {args.steps}, "
              f"{getattr(args, 'retriever_params', 'full')} query tower, q_prior {getattr(args, 'q_prior', True)}, "
-             f"beta_Q {getattr(args, 'beta_q', 1.0)}, prior from {getattr(args, 'prior_from', 'current')}; "
+             f"beta_Q {getattr(args, 'beta_q', 1.0)}, prior from {getattr(args, 'prior_from', 'current')}, "
+             f"Q only where informative {getattr(args, 'q_informative_only', False)}; "
              f"exact search "
              f"over {args.corpus_count} passages; evaluation split (first {EVAL_SPLIT}) of each dataset.", "",
              "| dataset | metric | start | " + " | ".join(arms) + " |",
              "|---|---|---|" + "---|" * len(arms)]  # fmt: skip
     for dataset in start:
-        for metric in (f"recall@{k}" for k in KS):
+        for metric in start[dataset]:  # answer@3: a top-3 passage writes a gold alias; /policy: its own query
             cells = []
             for arm in arms:
                 c = compare(start[dataset][metric], arms[arm]["after"][dataset][metric])
                 cells.append(f"{c['after']:.3f} (+{c['up']}/-{c['down']}, p {c['p']:.2g})")
-            base = float(np.mean([v for v in start[dataset][metric] if v is not None]))
+            base = mean(start[dataset][metric])
             lines.append(f"| {dataset} | {metric} | {base:.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -320,15 +374,18 @@ def plot(arms: dict, start_curve: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     datasets = list(start_curve)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.5), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets, strict=True):
-        for arm, result in arms.items():
-            curve = result["progress"]["curve"]
-            xs = [0] + [c["batch"] for c in curve]
-            ys = [start_curve[dataset]] + [c[dataset]["recall@3"] for c in curve]
-            ax.plot(xs, ys, marker=".", label=arm)
-        ax.set(title=f"{dataset}: recall@3 (evaluation split)", xlabel="batches", ylabel="recall@3")
-        ax.legend(fontsize=8)
+    metrics = list(next(iter(start_curve.values())))
+    fig, axes = plt.subplots(len(metrics), len(datasets), figsize=(4.5 * len(datasets), 3.2 * len(metrics)),
+                             squeeze=False)  # fmt: skip
+    for row, metric in zip(axes, metrics, strict=True):
+        for ax, dataset in zip(row, datasets, strict=True):
+            for arm, result in arms.items():
+                curve = result["progress"]["curve"]
+                xs = [0] + [c["batch"] for c in curve]
+                ys = [start_curve[dataset][metric]] + [c[dataset][metric] for c in curve]
+                ax.plot(xs, ys, marker=".", label=arm)
+            ax.set(title=f"{dataset}: {metric}", xlabel="batches", ylabel=metric)
+            ax.legend(fontsize=7)
     fig.tight_layout()
     path = out / "recall.png"
     fig.savefig(path, dpi=120)
@@ -362,6 +419,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prior-from", choices=["current", "start"], default="current",
                         help="The posterior's prior (and the mu KL): the tower at each batch's start, as a live "
                         "round has it, or the frozen start tower (target arm only; docs/results.md 19d)")  # fmt: skip
+    parser.add_argument(
+        "--q-informative-only",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="Q_theta targets only where the candidates differ in holding y* and y* is no yes/no "
+        "label (AlgoConfig.q_informative_only).",
+    )
     parser.add_argument("--steps", type=int, default=4, help="K: retriever steps per batch.")
     parser.add_argument("--eval-every", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
@@ -398,14 +462,15 @@ def main() -> None:
     evals = eval_rows(args.qa_dir)
     questions = train_questions(args.qa_dir, args.train_datasets, args.questions, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
-    start = evaluate(RetrieverModel(models.retriever, None), doc_vecs, ids, evals)
-    arms = {arm: run_arm(arm, models, policy, doc_vecs, ids, docs, questions, evals, args, args.out)
+    policy_queries, own = policy_first_queries(policy, evals, args.out / "policy_queries.json")
+    start = evaluate(RetrieverModel(models.retriever, None), doc_vecs, ids, docs, evals, policy_queries)
+    arms = {arm: run_arm(arm, models, policy, doc_vecs, ids, docs, questions, evals, args, args.out, policy_queries)
             for arm in args.arms}  # fmt: skip
-    start_curve = {d: float(np.mean([v for v in start[d]["recall@3"] if v is not None])) for d in args.train_datasets}
+    start_curve = {d: {m: mean(v) for m, v in start[d].items()} for d in args.train_datasets if d in start}
     plot(arms, start_curve, args.out)
     elapsed = time.perf_counter() - started
-    (args.out / "results.json").write_text(json.dumps({"command": args.command, "start": start, "arms": arms,
-                                                       "wall_s": elapsed}, indent=1))  # fmt: skip
+    results = {"command": args.command, "start": start, "arms": arms, "policy_searched": own, "wall_s": elapsed}
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
     text = report(start, arms, args, elapsed)
     (args.out / "results.md").write_text(text)
     print(text)

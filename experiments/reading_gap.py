@@ -29,8 +29,9 @@ from tqdm import tqdm
 
 from bench.script import REPO
 from experiments.lower_level import load_corpora
+from services.common.answers import contains_gold
 from services.eval.stats import bootstrap_questions, sign_test
-from services.trainer.reading import answer_as_written, closed_answer, contains_gold
+from services.trainer.reading import answer_as_written, closed_answer
 from services.trainer.sft import token_nll
 from services.trainer.warmstart import (
     PoolItem,

@@ -32,13 +32,13 @@ from tqdm import tqdm
 
 from bench.script import REPO
 from experiments.lower_level import doc_matrix, frozen_warm_start, load_corpora, rollouts, supporting, train_questions
+from services.common.answers import contains_gold, label_answer
 from services.eval.split import training_rows
 from services.eval.stats import bootstrap_questions, sign_test
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import q_target
 from services.trainer.models import RetrieverModel
-from services.trainer.reading import contains_gold, label_answer
 from services.trainer.warmstart import SHIPPED_ADAPTERS, shipped_trained_ids
 
 DISTRIBUTIONS = ("student", "teacher", "posterior")

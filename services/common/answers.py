@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
@@ -18,6 +18,17 @@ def normalize_answer(text: str) -> str:
     text = "".join(ch for ch in text if ch not in _PUNCT)
     text = _ARTICLES_RE.sub(" ", text)
     return " ".join(text.split())
+
+
+def contains_gold(golden_answers: Sequence[str], text: str) -> bool:
+    """Whether `text` writes a gold alias: normalised, on word boundaries (an answer-bearing passage)."""
+    body = f" {normalize_answer(text)} "
+    return any((norm := normalize_answer(g)) and f" {norm} " in body for g in golden_answers)
+
+
+def label_answer(golden_answers: Sequence[str]) -> bool:
+    """A yes/no/maybe answer: a label no passage writes, though a passage may still make it likelier."""
+    return {normalize_answer(g) for g in golden_answers} <= {"yes", "no", "maybe"}
 
 
 def extract_answer(generated: str) -> str | None:

@@ -4,11 +4,13 @@ object its lifespan builds, and `/healthz`."""
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.common.errors import Forbidden, NotReady, Unauthorized, error_body
@@ -137,15 +139,47 @@ async def require_bearer_api_key(request: Request) -> None:
     check_bearer_api_key(request, getattr(state, "api_keys", ()), getattr(state, "admin_token", None))
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a bind address reaches this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+async def require_training_key(request: Request) -> None:
+    """FastAPI dependency of the routes that feed training (feedback, rollouts). With API keys configured, as
+    `require_api_key`. With none, open only while the service binds loopback (`app.state.loopback_only`): then
+    every caller already runs on this machine. Bound beyond it, keyless, only the admin token may feed training:
+    anyone who reaches the port could otherwise steer the next round."""
+    state = request.app.state
+    keys, admin_token = getattr(state, "api_keys", ()), getattr(state, "admin_token", None)
+    if keys:
+        check_api_key(request, keys, admin_token)
+    elif not getattr(state, "loopback_only", True):
+        if not request.headers.get("authorization"):
+            raise Unauthorized(
+                "this service binds beyond loopback and has no API keys: feeding training needs one "
+                "(BRIDGE_POLICY_API_KEYS) or the admin token",
+                code="missing_api_key",
+            )
+        check_bearer(request, admin_token or "")
+
+
 async def require_api_key(request: Request) -> None:
     """FastAPI dependency: keys in `app.state.api_keys` (empty: open), admin token in `app.state.admin_token`."""
     check_api_key(request, getattr(request.app.state, "api_keys", ()), getattr(request.app.state, "admin_token", None))
 
 
-def install_request_middleware(app: FastAPI, max_body_bytes: int) -> None:
-    """Body-size limit, and requests counted and timed by route, method and status in `app.state.metrics`
+def install_request_middleware(app: FastAPI, max_body_bytes: int, trusted_hosts: Sequence[str] = ("*",)) -> None:
+    """Body-size limit, the Host header checked against `trusted_hosts` (Starlette's `TrustedHostMiddleware`: 400
+    for any other), and requests counted and timed by route, method and status in `app.state.metrics`
     (`ServiceMetrics.instrument`)."""
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    if "*" not in trusted_hosts:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(trusted_hosts))
     app.state.metrics.instrument(app)  # added last: outermost, so it counts the 413s too
 
 

@@ -59,6 +59,13 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("QDRANT_URL", "qdrant_url"),
         description="A Qdrant server for the retriever's index; unset: Qdrant Edge in-process.",
     )
+    trusted_hosts: str = Field(
+        "*",
+        validation_alias=AliasChoices("BRIDGE_TRUSTED_HOSTS"),
+        description="Comma-separated Host header values a server answers (a leading '*.' matches subdomains); "
+        "any other host gets a 400. '*' (the default) answers every host: set it where a browser can reach the "
+        "service under a name you do not control (DNS rebinding).",
+    )
     environment: str = Field(
         "development",
         validation_alias=AliasChoices("BRIDGE_ENVIRONMENT"),
@@ -101,6 +108,10 @@ class CommonSettings(BaseSettings):
             "normalize": self.encoder_normalize,
         }
         return {name: value for name, value in given.items() if value is not None}
+
+    @property
+    def resolved_trusted_hosts(self) -> list[str]:
+        return [h.strip() for h in self.trusted_hosts.split(",") if h.strip()] or ["*"]
 
     @property
     def admin_token_file(self) -> Path:

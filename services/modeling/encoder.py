@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
@@ -200,8 +201,12 @@ class SentenceEncoder(torch.nn.Module):
         save_file({k: v.detach().contiguous() for k, v in self.model.state_dict().items()}, str(path))
 
     def load_weights(self, path: Path) -> None:
-        """Load a safetensors state dict; refuses missing or unexpected keys and wrong shapes."""
-        state = load_file(str(path))
+        """Load a safetensors state dict; refuses (ValueError) a file that is not safetensors, missing or unexpected
+        keys and wrong shapes."""
+        try:
+            state = load_file(str(path))
+        except SafetensorError as exc:  # a hashed file can still be anything: a 400 with the reason, not a 500
+            raise ValueError(f"{path.name} is not a safetensors file: {exc}") from exc
         own = self.model.state_dict()
         missing = sorted(set(own) - set(state))
         unexpected = sorted(set(state) - set(own))

@@ -3,7 +3,10 @@ unloaded from the engine. `base` is the un-adapted model, always there."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
 
 from services.common.checkpoints import Manifest
 from services.common.errors import InvalidRequest
@@ -11,6 +14,25 @@ from services.common.registry import CheckpointEntry, CheckpointRegistry, Versio
 from services.policy.backends.engine import BASE_ADAPTER, Engine
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+
+def check_adapter_files(folder: Path) -> None:
+    """Refuse (400 with the reason) an adapter whose hashed files are not what they claim: the weights must be a
+    safetensors file (its header read, nothing loaded) and the config a JSON object. Without this a payload that
+    matches its manifest but is no adapter fails inside the engine, a 500 or vLLM's own refusal."""
+    weights, config = (folder / name for name in ADAPTER_FILES)
+    try:
+        with safe_open(str(weights), framework="numpy") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as exc:
+        raise InvalidRequest(f"{weights.name} is not a safetensors file: {exc}", param="path",
+                             code="invalid_checkpoint") from exc  # fmt: skip
+    try:
+        parsed = json.loads(config.read_text())
+    except (ValueError, OSError) as exc:
+        raise InvalidRequest(f"{config.name} is not JSON: {exc}", param="path", code="invalid_checkpoint") from exc
+    if not isinstance(parsed, dict):
+        raise InvalidRequest(f"{config.name} is not a JSON object", param="path", code="invalid_checkpoint")
 
 
 class PolicyVersions(VersionTable):
@@ -38,6 +60,7 @@ class AdapterLoader(WeightsLoader[str]):
         self, registry: CheckpointRegistry[str], entry: CheckpointEntry, folder: Path | None, manifest: Manifest | None
     ) -> str:
         if folder is not None:  # None: the base model, always in the engine
+            check_adapter_files(folder)
             await self.engine.load_adapter(entry.version, folder)
         return entry.version
 

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.common.errors import install_error_handlers
-from services.common.http import install_request_middleware, liveness
+from services.common.http import install_request_middleware, is_loopback, liveness
 from services.policy.metrics import PolicyMetrics
 from services.policy.routes import agent, checkpoints, health, openai
 from services.policy.service import PolicyService, build_engine
@@ -39,10 +39,11 @@ def build_app(settings: PolicySettings | None = None) -> FastAPI:
     app.state.metrics = PolicyMetrics()
     # Set here, not in the lifespan, so no request can ever see the keys unset (and the endpoints open).
     app.state.api_keys = settings.resolved_api_keys
+    app.state.loopback_only = is_loopback(settings.host)
     if app.state.api_keys:
         log.info("agent endpoints need an API key (%d configured)", len(app.state.api_keys))
     install_error_handlers(app, openai_paths=openai.OPENAI_PATHS)
-    install_request_middleware(app, settings.max_body_bytes)
+    install_request_middleware(app, settings.max_body_bytes, settings.resolved_trusted_hosts)
 
     for router in (agent.router, openai.router, checkpoints.router, health.router, liveness):
         app.include_router(router)

@@ -39,7 +39,7 @@ def build_app(settings: RetrieverSettings | None = None) -> FastAPI:
     app.state.service = None
     app.state.metrics = RetrieverMetrics()
     install_error_handlers(app)
-    install_request_middleware(app, settings.max_body_bytes)
+    install_request_middleware(app, settings.max_body_bytes, settings.resolved_trusted_hosts)
 
     for router in (search.router, documents.router, checkpoints.router, health.router, liveness):
         app.include_router(router)

@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from services.common.answers import normalize_answer
+from services.common.answers import contains_gold, label_answer
 from services.trainer.warmstart import (
     PoolItem,
     ReadingRecipe,
@@ -59,11 +59,6 @@ def answer_as_written(golden_answers: Sequence[str], texts: Sequence[str]) -> st
     return None
 
 
-def contains_gold(golden_answers: Sequence[str], text: str) -> bool:
-    body = f" {normalize_answer(text)} "
-    return any((norm := normalize_answer(g)) and f" {norm} " in body for g in golden_answers)
-
-
 def hard_distractors(item: PoolItem, ranked: Shown, closed_answer: bool) -> list[tuple[str, str, str]]:
     """The retriever's passages for the question that are neither supporting nor hold a gold alias (for a
     yes/no or multiple-choice question any non-supporting passage qualifies), best-ranked first."""
@@ -73,11 +68,6 @@ def hard_distractors(item: PoolItem, ranked: Shown, closed_answer: bool) -> list
         for d in ranked.docs
         if d[0] not in support and (closed_answer or not contains_gold(item.golden_answers, f"{d[1]} {d[2]}"))
     ]
-
-
-def label_answer(golden_answers: Sequence[str]) -> bool:
-    """A yes/no/maybe answer: a label no passage writes, though a passage may still make it likelier."""
-    return {normalize_answer(g) for g in golden_answers} <= {"yes", "no", "maybe"}
 
 
 def closed_answer(item: PoolItem) -> bool:

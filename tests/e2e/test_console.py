@@ -7,6 +7,7 @@ temporary folder."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -108,7 +109,14 @@ def page(browser):
     assert not errors, errors  # no script error on any view
 
 
+def signed_in(page, token: str) -> None:
+    """The admin token in the tab's session storage before any script runs, as the sign-in form leaves it: the
+    trajectory list is every user's questions, so the policy serves it to the admin token only."""
+    page.add_init_script(f"sessionStorage.setItem('bridge.adminToken', {json.dumps(token)})")
+
+
 def test_ask_streams_and_opens_its_trajectory(stack, page, shots):
+    signed_in(page, stack["policy"].token)
     page.goto(stack["console"].url + "/#ask")
     page.fill("#question", QUESTION)
     page.fill("#ask-turns", "1")
@@ -189,6 +197,7 @@ def test_every_view_fits_a_phone(trained, browser, shots):
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
                                   device_scale_factor=2, bypass_csp=True)  # fmt: skip
     page = context.new_page()
+    signed_in(page, trained["policy"].token)
     try:
         for view, ready in (("ask", "#ask-form"), ("trajectories", "#traj-table tbody tr"),
                             (f"runs/{RUN_ID}", "#run .plot canvas"), ("checkpoints", "#ckpt-retriever table"),

@@ -213,6 +213,22 @@ def test_wrong_sha256_is_refused_and_active_version_unchanged(hotpot, models_roo
     assert err.value.status_code == 404
 
 
+def test_a_hashed_payload_that_is_not_safetensors_is_a_400_not_a_500(hotpot):
+    """The manifest vouches for the bytes, not for what they are: loading them must refuse with the reason."""
+    service, client = hotpot
+    active_before = client.checkpoints().active
+    root = service.data_dir / "checkpoints"
+    staging = staging_dir(root, "q-not-safetensors")
+    (staging / "query_encoder.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    publish_checkpoint(staging, root / "q-not-safetensors", kind="retriever-query", version="q-not-safetensors",
+                       parent="base")  # fmt: skip
+    with pytest.raises(ServiceError) as err:
+        client.register("q-not-safetensors")
+        client.activate("q-not-safetensors")
+    assert err.value.status_code == 400 and "not a safetensors file" in err.value.detail
+    assert client.checkpoints().active == active_before
+
+
 def test_checkpoint_path_outside_root_is_refused(hotpot):
     _, client = hotpot
     for path in ["../../etc", "/etc", "../registry.json"]:

@@ -75,6 +75,11 @@ def test_agent_endpoints_need_an_api_key_when_keys_are_set(keyed_policy):
     rollout = {"items": [{"id": "q", "question": "Who?", "golden_answers": ["x"]}], "group_size": 3, "max_turns": 0}
     capped = httpx.post(url + "/v1/agent/rollouts", json=rollout, headers=admin)
     assert capped.status_code == 400 and "at most 2" in _detail(capped)
+    # The list of every user's trajectories is the admin token's only: an API key is not enough.
+    as_key = httpx.get(url + "/v1/trajectories", headers={"X-API-Key": API_KEY})
+    assert as_key.status_code == 401 and "admin" in _detail(as_key)
+    listed = httpx.get(url + "/v1/trajectories", headers=admin)
+    assert listed.status_code == 200 and trajectory in [t["id"] for t in listed.json()["trajectories"]]
 
 
 def test_admin_endpoints_need_the_admin_token_not_an_api_key(keyed_policy, demo_retriever):

@@ -142,7 +142,7 @@ loaders.trajectories = async (id) => {
   if ($("f-reward").value !== "") q.set("min_reward", $("f-reward").value);
   status("traj-status", "loading…");
   try {
-    const data = await api("policy", `v1/trajectories?${q}`);
+    const data = await api("policy", `v1/trajectories?${q}`, { kind: "admin" });  // every user's questions: admin only
     $("traj-table").tBodies[0].replaceChildren(...data.trajectories.map((t) => el("tr", {
       class: "clickable", "data-id": t.id, onclick: () => { location.hash = `trajectories/${t.id}`; } },
       el("td", {}, when(t.created_at)), el("td", { class: "q", title: t.question }, t.question),

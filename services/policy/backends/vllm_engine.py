@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 from transformers import AutoTokenizer
 
+from services.common.errors import InvalidRequest
 from services.common.hardware import resolve_dtype
 from services.policy.backends.engine import BASE_ADAPTER, Engine, EngineError, Generation, SamplingSpec
 from services.policy.settings import PolicySettings
@@ -270,6 +271,9 @@ class VLLMEngine(Engine):
     async def load_adapter(self, name: str, path: Path) -> None:
         body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
         response = await self._http.post("/v1/load_lora_adapter", json=body)
+        if 400 <= response.status_code < 500:  # the adapter itself (its rank, its modules): the caller's to fix
+            raise InvalidRequest(f"vLLM refused adapter {name}: {response.text[:300]}", param="path",
+                                 code="adapter_refused")  # fmt: skip
         if response.status_code != 200:
             raise EngineError(f"vLLM refused adapter {name}: {response.text[:300]}")
 

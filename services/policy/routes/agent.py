@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import StreamingResponse
 
 from services.common.errors import BridgeError, InvalidRequest, error_body
-from services.common.http import require_api_key
+from services.common.http import require_api_key, require_training_key
 from services.common.schemas.agent_events import ErrorEvent, sse_frame
 from services.common.schemas.policy import (
     AgentQueryRequest,
@@ -24,7 +24,7 @@ from services.common.schemas.policy import (
     TrajectoryTokens,
 )
 from services.policy.metrics import PolicyMetrics
-from services.policy.routes.deps import Metrics, Service
+from services.policy.routes.deps import Admin, Metrics, Service
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ async def agent_query(body: AgentQueryRequest, service: Service, metrics: Metric
 @router.post(
     "/v1/agent/rollouts",
     response_model=RolloutResponse,
+    dependencies=[Depends(require_training_key)],
     responses={**ERRORS, 409: {"description": "A pinned policy or retriever version is not registered"}},
 )
 async def agent_rollouts(body: RolloutRequest, service: Service, metrics: Metrics) -> RolloutResponse:
@@ -105,6 +106,7 @@ async def agent_rollouts(body: RolloutRequest, service: Service, metrics: Metric
 @router.post(
     "/v1/feedback",
     response_model=FeedbackResponse,
+    dependencies=[Depends(require_training_key)],
     responses={
         404: {"description": "Unknown id"},
         409: {"description": "The trajectory was cut short, or already has its feedback (one per trajectory)"},
@@ -114,7 +116,7 @@ async def feedback(body: FeedbackRequest, service: Service) -> FeedbackResponse:
     return await service.feedback(body)
 
 
-@router.get("/v1/trajectories", response_model=TrajectoryList)
+@router.get("/v1/trajectories", response_model=TrajectoryList, dependencies=[Admin])
 async def list_trajectories(
     service: Service,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -123,7 +125,8 @@ async def list_trajectories(
     min_reward: Annotated[float | None, Query(ge=-10.0, le=10.0)] = None,
 ) -> TrajectoryList:
     """The latest logged trajectories (served queries and training rollouts), newest first, with their reward
-    as it is now."""
+    as it is now. Every user's questions and gold answers: the admin token only (one trajectory stays readable
+    by its id, which only its caller was given)."""
     return await service.latest_trajectories(limit, policy_version, retriever_version, min_reward)
 
 

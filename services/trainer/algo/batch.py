@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.common.answers import contains_gold, label_answer
 from services.common.schemas.policy import TrajectoryRecord
 from services.modeling.prompt import format_information
 from services.modeling.tokens import split_ids
@@ -178,6 +179,22 @@ def spread_subsample(
     return sorted(picked)
 
 
+def top_q_candidates(search: SearchSample, cfg: AlgoConfig) -> list[int]:
+    """The `q_candidates` best-scored candidates of a search, which Q_theta ranks."""
+    return torch.argsort(search.deployed_scores, descending=True)[: cfg.q_candidates].tolist()
+
+
+def informative(record: TrajectoryRecord, search: SearchSample, cfg: AlgoConfig, docs) -> bool:
+    """Whether a y*-scored teacher can rank this search's candidates: y* is a span (not a yes/no label) and some,
+    not all, of the top `q_candidates` write a gold alias."""
+    target = target_answer(record, cfg.target_answer)
+    golden = record.golden_answers or ([target] if target else [])
+    if not golden or label_answer(golden):
+        return False
+    holds = {contains_gold(golden, " ".join(docs[search.candidate_ids[c]])) for c in top_q_candidates(search, cfg)}
+    return holds == {True, False}
+
+
 def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list[QSample]:
     """The configured subsample (`spread_subsample`, seeded by `cfg.seed`), each search with its `q_candidates`
     best-scored candidates; short x + d + y* sequences (the doc cut to `q_doc_tokens`), each tokenized as the one
@@ -186,11 +203,13 @@ def build_q_samples(records, searches, cfg: AlgoConfig, tokenizer, docs) -> list
     Only sampled searches: a greedy (served) search has no sampling distribution over its candidates, so neither
     Q_theta's prior nor g's p_phi would be the distribution that chose its documents."""
     sampled = [s if s.behaviour_logprob is not None else None for s in searches]
+    if cfg.q_informative_only:
+        sampled = [s if s is not None and informative(records[s.trajectory], s, cfg, docs) else None for s in sampled]
     out: list[QSample] = []
     for s in spread_subsample(records, sampled, cfg.q_steps, cfg.seed, cfg.target_answer):
         search = searches[s]
         record = records[search.trajectory]
-        top = torch.argsort(search.deployed_scores, descending=True)[: cfg.q_candidates].tolist()
+        top = top_q_candidates(search, cfg)
         prompt = record.prompt  # exactly what the policy was shown
         contexts, answers = [], []
         answer = f" {target_answer(record, cfg.target_answer)} </answer>"  # the warm start's `<answer> X </answer>`

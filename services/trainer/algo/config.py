@@ -83,6 +83,12 @@ class AlgoConfig(BaseModel):
         "gradient of the paper's L_RAG, the RAG answer likelihood); false: the likelihood alone, "
         "pi(y*|x,d)^(1/beta_Q), which a weak policy's retriever unlearns from (docs/results.md, sections 3, 19).",
     )
+    q_informative_only: bool = Field(
+        False,
+        description="Q_theta targets only for searches whose q_candidates differ in holding y* (some passages write "
+        "a gold alias, some do not) and whose y* is not a yes/no label: where no candidate holds y* the reader's "
+        "posterior is noise, and a label gives it almost nothing to rank (docs/results.md, section 23).",
+    )
     # coupling
     gamma: float | None = Field(
         PAPER_GAMMA,

@@ -76,3 +76,57 @@ def test_a_chunked_body_over_the_limit_is_refused_with_413_not_a_parse_error():
     refused = client.post("/echo", content=chunks(500), headers={"content-type": "application/json"})
     assert refused.status_code == 413, refused.text
     assert refused.json()["error"]["type"] == "payload_too_large" and "exceeds 64 bytes" in refused.json()["detail"]
+
+
+def test_a_host_outside_the_trusted_list_is_refused():
+    app = FastAPI()
+    app.state.metrics = ServiceMetrics("test")
+    install_request_middleware(app, max_body_bytes=64, trusted_hosts=["127.0.0.1", "*.example.org"])
+
+    @app.get("/ping")
+    async def ping() -> dict:
+        return {"ok": True}
+
+    client = TestClient(app, base_url="http://127.0.0.1")
+    assert client.get("/ping").status_code == 200
+    assert client.get("/ping", headers={"host": "api.example.org"}).status_code == 200
+    refused = client.get("/ping", headers={"host": "rebound.attacker.test"})
+    assert refused.status_code == 400 and "host" in refused.text.lower()
+
+
+def training_app(loopback_only: bool, keys: tuple[str, ...] = ()) -> TestClient:
+    from fastapi import Depends
+
+    from services.common.errors import install_error_handlers
+    from services.common.http import require_training_key
+
+    app = FastAPI()
+    app.state.metrics = ServiceMetrics("test")
+    app.state.api_keys, app.state.admin_token, app.state.loopback_only = keys, "admin-secret", loopback_only
+    install_error_handlers(app)
+
+    @app.post("/v1/feedback", dependencies=[Depends(require_training_key)])
+    async def feedback() -> dict:
+        return {"ok": True}
+
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_feeding_training_beyond_loopback_needs_a_key_or_the_admin_token():
+    admin = {"authorization": "Bearer admin-secret"}
+    assert training_app(loopback_only=True).post("/v1/feedback").status_code == 200  # only this machine reaches it
+    exposed = training_app(loopback_only=False)
+    refused = exposed.post("/v1/feedback")
+    assert refused.status_code == 401 and "beyond loopback" in refused.json()["detail"]
+    assert exposed.post("/v1/feedback", headers={"authorization": "Bearer guess"}).status_code == 403
+    assert exposed.post("/v1/feedback", headers=admin).status_code == 200
+    keyed = training_app(loopback_only=False, keys=("k1",))
+    assert keyed.post("/v1/feedback", headers={"x-api-key": "k1"}).status_code == 200
+    assert keyed.post("/v1/feedback").status_code == 401
+
+
+def test_loopback_is_told_apart_from_every_other_bind_address():
+    from services.common.http import is_loopback
+
+    assert all(map(is_loopback, ("127.0.0.1", "127.0.1.1", "::1", "[::1]", "localhost")))
+    assert not any(map(is_loopback, ("0.0.0.0", "::", "10.0.0.5", "policy")))

@@ -83,7 +83,7 @@ def test_teacher_quality_splits_top_gold_by_where_the_answer_is_written():
     """A y*-scored teacher can single out a supporting passage by reading only where one holds y*: the view splits
     top-gold by that and gives the ceiling of a perfect reader (top-gold there, chance or its own top elsewhere)."""
     from experiments.teacher_quality import evidence_case, evidence_view
-    from services.trainer.reading import label_answer
+    from services.common.answers import label_answer
 
     reads = {**scored([True, False], 0.6, 0.9, 0.8, [-1.0, -3.0]), "holds_answer": [True, False]}
     misled = {**scored([True, False], 0.6, 0.1, 0.4, [-3.0, -1.0]), "holds_answer": [False, True]}

@@ -9,14 +9,13 @@ import json
 import random
 from collections import Counter
 
-from services.common.answers import valid_search_r1_sequence
+from services.common.answers import contains_gold, valid_search_r1_sequence
 from services.retriever.inprocess import InProcessRetriever
 from services.trainer.reading import (
     answer_as_written,
     bridge_passages,
     build_reading_examples,
     closed_answer,
-    contains_gold,
     hard_distractors,
     reading_target,
     variant_searches,
