@@ -20,6 +20,11 @@ class ServiceMetrics:
         self.active_version = Gauge(
             f"bridge_{service}_active_version_info", "1 for the active version", ["version"], registry=self.registry
         )
+        self.checkpoint_fallback = Gauge(
+            f"bridge_{service}_checkpoint_fallback",
+            "1 when start could not load the recorded active version and serves an earlier one (see /readyz)",
+            registry=self.registry,
+        )
 
     def instrument(self, app: FastAPI) -> None:
         """Adds the middleware that counts and times every request: `bridge_<service>_requests_total` and
@@ -33,8 +38,9 @@ class ServiceMetrics:
                                  buckets=LATENCY_BUCKETS, registry=self.registry),
         ).instrument(app)  # fmt: skip
 
-    def exposition(self, active_version: str) -> Response:
-        """`GET /metrics`: the text format, with the active version's gauge set."""
+    def exposition(self, active_version: str, fallback: str | None = None) -> Response:
+        """`GET /metrics`: the text format, with the active version's gauge set (and the start fallback's)."""
         self.active_version.clear()
         self.active_version.labels(active_version).set(1)
+        self.checkpoint_fallback.set(fallback is not None)
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

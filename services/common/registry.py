@@ -31,7 +31,7 @@ from typing import ClassVar, Generic, TypeVar
 from pydantic import BaseModel, Field
 
 from services.common.checkpoints import Manifest, load_manifest, remove_leftovers, write_json_atomic
-from services.common.errors import Conflict, InvalidRequest, NotFound
+from services.common.errors import BridgeError, Conflict, InvalidRequest, NotFound
 from services.common.schemas.checkpoints import ActivationResponse, CheckpointInfo, CheckpointList, CheckpointState
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,7 @@ class CheckpointRegistry(Generic[W]):
         self._pinned: OrderedDict[str, None] = OrderedDict()  # recently pinned versions, least recent first
         self._lock = asyncio.Lock()  # one checkpoint change at a time
         self._preparation: asyncio.Task | None = None
+        self.fallback: str | None = None  # why start serves a version other than the recorded active one
 
     # ---------------------------------------------------------------- lifecycle
     async def restore(self, *, previous: bool) -> None:
@@ -166,11 +167,36 @@ class CheckpointRegistry(Generic[W]):
         if removed := await asyncio.to_thread(remove_leftovers, self.checkpoint_root):
             log.warning("removed what interrupted checkpoint writes left in %s: %s", self.checkpoint_root, removed)
         async with self._lock:
-            for version in {self.table.active, self.table.previous if previous else None} - {None}:
-                await self.load(version)
+            wanted = self.table.active
+            for version in dict.fromkeys([wanted, self.table.previous, BASE_VERSION]):
+                if version is None:
+                    continue
+                if (error := await self._try_load(version)) is None:
+                    break
+                self._set_state(version, "failed", error)
+            else:
+                raise RuntimeError(f"no {self.loader.noun} version can load, not even {BASE_VERSION}: {error}")
+            if version != wanted:  # never a crash loop on a bad disk: serve the last good version, and say so
+                self.fallback = f"active version {wanted} could not load at start; serving {version} instead"
+                log.error("%s: %s", self.loader.noun, self.fallback)
+                self.table.previous, self.table.active = None, version
+            if previous and self.table.previous not in (None, version):
+                if error := await self._try_load(self.table.previous):  # no instant rollback to it, but it serves
+                    log.error("%s previous version %s could not load at start: %s", self.loader.noun,
+                              self.table.previous, error)  # fmt: skip
+                    self._set_state(self.table.previous, "failed", error)
+                    self.table.previous = None
             await self.loader.activated(self, self.table.active, self._loaded[self.table.active])
             self._set_state(self.table.active, "ready")
             self._save()
+
+    async def _try_load(self, version: str) -> str | None:
+        """Load `version` at start; None when it loaded, else why not (a corrupt, missing or refused checkpoint)."""
+        try:
+            await self.load(version)
+        except (BridgeError, OSError, ValueError) as exc:
+            return str(exc)
+        return None
 
     async def close(self, timeout: float = 60) -> None:
         """Give a preparation still running `timeout` seconds to finish."""

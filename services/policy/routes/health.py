@@ -12,12 +12,13 @@ router = APIRouter()
 async def readyz(service: Service) -> dict:
     await service.store.ping()  # touches Redis; the engine is up once the service exists
     return {"status": "ready", "policy_version": service.checkpoints.active, "engine": service.settings.engine,
-            "engine_healthy": await service.engine.healthy()}  # fmt: skip
+            "engine_healthy": await service.engine.healthy(),
+            **({"fallback": f} if (f := service.checkpoints.fallback) else {})}  # fmt: skip
 
 
 @router.get("/metrics")
 async def metrics(service: Service, metrics: Metrics) -> Response:
-    return metrics.exposition(service.checkpoints.active)
+    return metrics.exposition(service.checkpoints.active, service.checkpoints.fallback)
 
 
 @router.get("/v1/serving", response_model=ServingConfig)

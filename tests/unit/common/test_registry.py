@@ -152,3 +152,45 @@ def test_leftovers_of_an_interrupted_replace_are_removed_at_start(tmp_path):
 
     asyncio.run(scenario())
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [".tmp-v3-12345678", "v1"]
+
+
+@pytest.mark.parametrize("corrupt", [("v2",), ("v2", "v1")])
+def test_a_corrupt_active_checkpoint_at_start_serves_the_last_good_version_loudly(tmp_path, corrupt):
+    """A bad disk must not make a crash loop: v2 active, v1 previous; with v2 (or both) corrupt on disk, start
+    serves v1 (or base), records why, and the corrupt versions are failed, not loaded."""
+
+    async def scenario() -> None:
+        registry = CheckpointRegistry(RecordingLoader(), VersionTable, tmp_path / "registry.json", tmp_path)
+        await registry.restore(previous=True)
+        for version in ("v1", "v2"):
+            await registry.register(checkpoint(tmp_path, version))
+            await registry.activate(version)
+        for version in corrupt:
+            (tmp_path / version / "weights.safetensors").write_bytes(b"flipped bits")
+        loader = RecordingLoader()
+        started = CheckpointRegistry(loader, VersionTable, tmp_path / "registry.json", tmp_path)
+        await started.restore(previous=True)
+        expected = "base" if "v1" in corrupt else "v1"
+        assert started.active == expected and loader.events == [f"load {expected}"]
+        assert started.fallback is not None and "v2" in started.fallback and expected in started.fallback
+        assert all(started.table.checkpoints[v].state == "failed" for v in corrupt)
+        assert "sha256" in (started.table.checkpoints["v2"].error or "")
+        assert started.table.previous is None  # no rollback to a version that cannot load
+
+    asyncio.run(scenario())
+
+
+def test_a_corrupt_previous_checkpoint_at_start_only_loses_the_instant_rollback(tmp_path):
+    async def scenario() -> None:
+        registry = CheckpointRegistry(RecordingLoader(), VersionTable, tmp_path / "registry.json", tmp_path)
+        await registry.restore(previous=True)
+        for version in ("v1", "v2"):
+            await registry.register(checkpoint(tmp_path, version))
+            await registry.activate(version)
+        (tmp_path / "v1" / "weights.safetensors").write_bytes(b"flipped bits")
+        started = CheckpointRegistry(RecordingLoader(), VersionTable, tmp_path / "registry.json", tmp_path)
+        await started.restore(previous=True)
+        assert (started.active, started.table.previous, started.fallback) == ("v2", None, None)
+        assert started.table.checkpoints["v1"].state == "failed"
+
+    asyncio.run(scenario())
