@@ -175,6 +175,7 @@ build bridge-policy docker/policy.Dockerfile
 STEP="configure"
 umask_old=$(umask); umask 077
 python3 -c 'import secrets; print(secrets.token_urlsafe(32))' >"$WORK/admin_token"
+python3 -c 'import secrets; print(secrets.token_urlsafe(32))' >"$WORK/redis_password"
 umask "$umask_old"
 TOKEN=$(cat "$WORK/admin_token")
 read -r RPORT PPORT CPORT < <(python3 -c 'import socket
@@ -184,6 +185,7 @@ print(*(s.getsockname()[1] for s in socks))')
 cat >"$WORK/smoke.env" <<EOF
 BRIDGE_ENVIRONMENT=production
 BRIDGE_ADMIN_TOKEN_FILE=$WORK/admin_token
+BRIDGE_REDIS_PASSWORD_FILE=$WORK/redis_password
 BRIDGE_RETRIEVER_PORT=$RPORT
 BRIDGE_POLICY_PORT=$PPORT
 BRIDGE_CONSOLE_PORT=$CPORT

@@ -219,3 +219,19 @@ def test_the_balancers_dns_configuration_is_accepted_by_haproxy(tmp_path):
     assert "nameserver ns 127.0.0.11:53" in config  # Docker's embedded DNS
     command = checked_command(config, tmp_path)  # haproxy -c refuses a bad one with its reason
     assert command[-1] == str(tmp_path / "haproxy.cfg")
+
+
+def test_redis_wants_a_password_from_a_secret_and_publishes_no_port():
+    compose = _compose()
+    redis = compose["services"]["redis"]
+    assert "ports" not in redis and "--protected-mode" not in " ".join(redis["entrypoint"])
+    assert '--requirepass "$$(cat /run/secrets/redis_password)"' in redis["entrypoint"][-1]
+    assert "REDISCLI_AUTH" in redis["healthcheck"]["test"][-1]  # the health check authenticates too
+    assert compose["secrets"]["redis_password"]["file"] == "${BRIDGE_REDIS_PASSWORD_FILE:-./docker/secrets/redis_password}"
+    assert compose["x-bridge-env"]["BRIDGE_REDIS_PASSWORD_FILE"] == "/run/secrets/redis_password"
+    clients = {name for name, svc in compose["services"].items()
+               if "REDIS_URL" in (svc.get("environment") or {})}  # fmt: skip
+    holders = {name for name, svc in compose["services"].items() if "redis_password" in svc.get("secrets", [])}
+    clients -= {"models"}  # it runs `bridge-rl prepare` only, which never connects
+    assert holders == clients | {"redis"}
+    assert "redis_password" not in (REPO / "docker-compose.yml").read_text().split("REDIS_URL:")[1].split("\n")[0]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from services.common.settings import CommonSettings
+from services.common.settings import DEFAULT_REDIS_URL, CommonSettings
 
 log = logging.getLogger(__name__)
 NO_REDIS_SERVER = (
@@ -257,7 +257,7 @@ class Stack:
             self.redis_url = configured
             return
         if _redis_answers("127.0.0.1", 6379):
-            self.redis_url = "redis://127.0.0.1:6379/0"
+            self.redis_url = DEFAULT_REDIS_URL
             return
         binary = redis_server_binary()
         port = free_port()

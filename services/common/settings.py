@@ -10,11 +10,13 @@ import os
 import secrets
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path.home() / ".bridge"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 RETRIEVER_MODEL_NAME = "all-MiniLM-L6-v2"
 POLICY_MODEL_NAME = "SmolLM2-135M-Instruct"
 # The base merged with the default shipped LoRA (services/policy/reading_adapter/), written by `prepare`.
@@ -53,6 +55,12 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("REDIS_URL", "redis_url"),
         description="Trajectory streams and Celery broker; unset: 127.0.0.1:6379 (`bridge-rl up`: else an embedded "
         "redis-server).",
+    )
+    redis_password_file: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("BRIDGE_REDIS_PASSWORD_FILE"),
+        description="A file holding Redis's password (`requirepass`; compose mounts it as a secret), put into the "
+        "Redis URL of every client here, so the password never sits in an environment variable.",
     )
     qdrant_url: str | None = Field(
         None,
@@ -108,6 +116,20 @@ class CommonSettings(BaseSettings):
             "normalize": self.encoder_normalize,
         }
         return {name: value for name, value in given.items() if value is not None}
+
+    @property
+    def resolved_redis_url(self) -> str:
+        """The one Redis URL every client of this process uses: `REDIS_URL` (default the local server), with the
+        password from `BRIDGE_REDIS_PASSWORD_FILE` when the URL carries none."""
+        url = self.redis_url or DEFAULT_REDIS_URL
+        if self.redis_password_file is None:
+            return url
+        parts = urlsplit(url)
+        if parts.password:
+            return url
+        password = quote(self.redis_password_file.read_text().strip(), safe="")
+        netloc = f"{parts.username or ''}:{password}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
 
     @property
     def resolved_trusted_hosts(self) -> list[str]:

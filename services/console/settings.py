@@ -22,7 +22,3 @@ class ConsoleSettings(CommonSettings):
     trainer_queue: str = Field("bridge", description="The workers' Celery queue (BRIDGE_TRAINER_QUEUE).")
     request_timeout_s: float = Field(900, ge=1, description="Cap on one proxied call (a streamed answer included).")
     health_timeout_s: float = Field(3, gt=0, le=60, description="Cap on each probe of the health view.")
-
-    @property
-    def resolved_redis_url(self) -> str:
-        return self.redis_url or "redis://127.0.0.1:6379/0"

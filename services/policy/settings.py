@@ -173,9 +173,5 @@ class PolicySettings(CommonSettings):
         return len(self.vllm_urls) or self.vllm_engines
 
     @property
-    def resolved_redis_url(self) -> str:
-        return self.redis_url or "redis://127.0.0.1:6379/0"
-
-    @property
     def state_dir(self):
         return self.data_dir / "policy"

@@ -96,13 +96,13 @@ class RetrieverService:
 
         config = ReplicaConfig(group=settings.replica_group, lag_bound_s=settings.replica_lag_bound_s,
                                replica_id=settings.replica_id or f"{socket.gethostname()}:{settings.port}")  # fmt: skip
-        return ReplicaGroup(settings.redis_url, config, self.checkpoints)
+        return ReplicaGroup(settings.resolved_redis_url, config, self.checkpoints)
 
     def _document_log(self, settings: RetrieverSettings) -> DocumentLog | None:
         """Replicas with their own embedded index share their document writes (a Qdrant server is one index)."""
         if self.group is None or settings.resolved_backend == "qdrant-server":
             return None
-        return DocumentLog(settings.redis_url, self.group.config.group, self.group.config.replica_id,
+        return DocumentLog(settings.resolved_redis_url, self.group.config.group, self.group.config.replica_id,
                            settings.state_dir, self._apply_write, lag_bound_s=settings.replica_lag_bound_s)  # fmt: skip
 
     # ---------------------------------------------------------------- lifecycle

@@ -108,10 +108,6 @@ class TrainerSettings(CommonSettings):
         return self.data_dir / "runs"
 
     @property
-    def resolved_redis_url(self) -> str:
-        return self.redis_url or "redis://127.0.0.1:6379/0"
-
-    @property
     def base_policy_dir(self) -> Path:
         return self.policy_base_dir or self.policy_model_dir
 

@@ -69,3 +69,22 @@ def test_a_retrievers_state_dir_may_name_its_host(monkeypatch, tmp_path):
     assert RetrieverSettings().state_dir == tmp_path / "retriever"
     monkeypatch.setenv("BRIDGE_RETRIEVER_STATE_DIR", "/data/retriever/{hostname}")
     assert RetrieverSettings().state_dir == Path("/data/retriever") / socket.gethostname()
+
+
+def test_the_redis_password_comes_from_its_file_into_every_clients_url(tmp_path):
+    from services.console.settings import ConsoleSettings
+    from services.policy.settings import PolicySettings
+    from services.trainer.settings import TrainerSettings
+
+    secret = tmp_path / "redis_password"
+    secret.write_text("p@ss/word:1\n")
+    for cls in (CommonSettings, PolicySettings, TrainerSettings, ConsoleSettings, RetrieverSettings):
+        assert cls().resolved_redis_url == "redis://127.0.0.1:6379/0"
+        url = cls(redis_url="redis://redis:6379/0", redis_password_file=secret).resolved_redis_url
+        assert url == "redis://:p%40ss%2Fword%3A1@redis:6379/0", cls
+    import redis
+
+    kwargs = redis.connection.parse_url(url)
+    assert kwargs["password"] == "p@ss/word:1" and kwargs["host"] == "redis"  # what redis-py sends to AUTH
+    given = CommonSettings(redis_url="redis://:own@redis:6379/0", redis_password_file=secret).resolved_redis_url
+    assert given == "redis://:own@redis:6379/0"  # a URL that carries a password keeps it
