@@ -100,7 +100,7 @@ def service_row(policy_url: str, vllm_url: str, questions: list[str], concurrenc
 
 
 async def raw_vllm(
-    url: str, prompts: list[str], concurrency: int, max_tokens: int, fixed_length: bool = False
+    url: str, prompts: list[str], concurrency: int, max_tokens: int, fixed_length: bool = False, key: str | None = None
 ) -> float:
     """vLLM's own completions tokens/s; `fixed_length` generates exactly `max_tokens` for every prompt (ignore_eos),
     so two weight sets are timed on identical work whatever they would say."""
@@ -117,7 +117,8 @@ async def raw_vllm(
             response = await client.post("/v1/completions", json=body)
             produced += response.json()["usage"]["completion_tokens"]
 
-    async with httpx.AsyncClient(base_url=url, timeout=1800) as client:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(base_url=url, timeout=1800, headers=headers) as client:
         started = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         return produced / (time.perf_counter() - started)
@@ -290,6 +291,7 @@ class Setup:
     tokenizer: object
     questions: list[str]
     prompts: list[str]
+    vllm_key: str = ""  # the engine's API key (policy_env sets one), for the raw-vLLM rows
 
 
 @dataclass
@@ -331,7 +333,13 @@ def start_stack(work: Path, questions: int, max_tokens: int, prefix: str) -> Ite
         tokenizer = AutoTokenizer.from_pretrained(env["BRIDGE_POLICY_MODEL_DIR"])
         prompts = [tokenizer.decode(tokenizer(q)["input_ids"]) for q in texts]
         vllm_url = f"http://127.0.0.1:{env['BRIDGE_POLICY_VLLM_PORT']}"
-        stack = Stack(tmp, retriever, policy, env, Setup(retriever.url, vllm_url, tokenizer, texts, prompts))
+        stack = Stack(
+            tmp,
+            retriever,
+            policy,
+            env,
+            Setup(retriever.url, vllm_url, tokenizer, texts, prompts, env["BRIDGE_POLICY_VLLM_API_KEY"]),
+        )
         try:
             yield stack
         finally:
@@ -355,7 +363,7 @@ def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: i
     results, engine = {}, {}
     for concurrency in (1, 8, 32):
         r, engine[concurrency] = service_row(policy.url, setup.vllm_url, setup.questions, concurrency, args.max_turns)
-        raw = asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, concurrency, args.max_tokens))
+        raw = asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, concurrency, args.max_tokens, key=setup.vllm_key))
         r["raw"] = raw
         results[concurrency] = r
         print(row(f"service, conc {concurrency}", r, raw))
@@ -363,13 +371,17 @@ def measure_merged(policy, setup: Setup, args, base: str, trained: str, index: i
     # (merged serving reloads them in place under the same served model name).
     fixed, engine["fixed"] = engine_during(
         setup.vllm_url,
-        lambda: asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True)),
+        lambda: asyncio.run(
+            raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True, key=setup.vllm_key)
+        ),
     )
     print(engine_line("the service at 32", engine[32]))
     print(engine_line("raw vLLM at 32, fixed length", engine["fixed"]))
     same_work = [fixed]
     activate(policy, trained)
-    same_work.append(asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True)))
+    same_work.append(
+        asyncio.run(raw_vllm(setup.vllm_url, setup.prompts, 32, args.max_tokens, fixed_length=True, key=setup.vllm_key))
+    )
     print(f"raw vLLM tok/s at 32, same prompts, {args.max_tokens} tokens each: "
           f"base {same_work[0]:.1f}, trained (merged) {same_work[1]:.1f}")  # fmt: skip
     merged, engine["trained"] = service_row(policy.url, setup.vllm_url, setup.questions, 32, args.max_turns)

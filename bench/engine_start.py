@@ -42,9 +42,9 @@ async def start_and_measure(model: Path, eager: bool, data_dir: Path, prompts: l
     await engine.start()
     try:
         start_s = time.perf_counter() - started
-        await raw_vllm(engine.url, prompts[:4], 4, 8)  # warm-up: the first requests are slower
-        c32 = await raw_vllm(engine.url, prompts, 32, max_tokens, fixed_length=True)
-        c1 = await raw_vllm(engine.url, prompts[:4], 1, max_tokens, fixed_length=True)
+        await raw_vllm(engine.url, prompts[:4], 4, 8, key=engine.api_key)  # warm-up: the first requests are slower
+        c32 = await raw_vllm(engine.url, prompts, 32, max_tokens, fixed_length=True, key=engine.api_key)
+        c1 = await raw_vllm(engine.url, prompts[:4], 1, max_tokens, fixed_length=True, key=engine.api_key)
     finally:
         await engine.stop()
     return {"start_s": start_s, "tok_s_c32": c32, "tok_s_c1": c1}

@@ -24,24 +24,24 @@ from bench.repeat import Ratios, add_repeat_arguments, finish, repeat
 from bench.script import script_parser
 
 
-def tok_s(vllm_url: str, prompts: list[str], max_tokens: int) -> float:
-    return asyncio.run(raw_vllm(vllm_url, prompts, 32, max_tokens, fixed_length=True))
+def tok_s(vllm_url: str, prompts: list[str], max_tokens: int, key: str) -> float:
+    return asyncio.run(raw_vllm(vllm_url, prompts, 32, max_tokens, fixed_length=True, key=key))
 
 
 def series(policy, vllm_url: str, prompts: list[str], args, base: str, trained: str) -> Ratios:
     """The control, then the swap series; prints both, returns the ratios of their last measurements to their
     first (per weights)."""
-    control = [tok_s(vllm_url, prompts, args.max_tokens) for _ in range(args.swaps + 1)]
+    control = [tok_s(vllm_url, prompts, args.max_tokens, args.vllm_key) for _ in range(args.swaps + 1)]
     print(f"control, no swap, {len(control)} measurements of the base: " + " ".join(f"{v:.0f}" for v in control))
     seen: dict[str, list[float]] = {base: [], trained: []}
     activate(policy, base)
-    seen[base].append(tok_s(vllm_url, prompts, args.max_tokens))
+    seen[base].append(tok_s(vllm_url, prompts, args.max_tokens, args.vllm_key))
     for k in range(1, args.swaps + 1):
         version = trained if k % 2 else base
         started = time.perf_counter()
         activate(policy, version)
         reload_s = time.perf_counter() - started
-        value = tok_s(vllm_url, prompts, args.max_tokens)
+        value = tok_s(vllm_url, prompts, args.max_tokens, args.vllm_key)
         seen[version].append(value)
         print(f"swap {k:2d}: {version:8} reload {reload_s:5.1f} s, {value:6.1f} tok/s", flush=True)
     ratios = {
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     with start_stack(args.work, args.prompts, args.max_tokens, "bench-swaps-") as stack:
         policy, vllm_url, prompts = stack.policy, stack.setup.vllm_url, stack.setup.prompts
-        tok_s(vllm_url, prompts[:4], 8)  # warm-up: vLLM's first requests are slower
+        args.vllm_key = stack.setup.vllm_key
+        tok_s(vllm_url, prompts[:4], 8, args.vllm_key)  # warm-up: vLLM's first requests are slower
         base, trained = active_version(policy), publish_trained(Path(policy.data_dir))
         runs = repeat(lambda _: series(policy, vllm_url, prompts, args, base, trained), args.repeat)
         context = {"swaps": args.swaps, "prompts": len(prompts), "max_tokens": args.max_tokens}

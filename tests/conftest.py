@@ -170,6 +170,8 @@ def policy_env(models_root: Path, retriever_url: str, **extra: str) -> dict[str,
         "BRIDGE_POLICY_INITIAL_SEARCH": "true",  # the raw base never writes <search> itself: keep the scaffold
         "BRIDGE_POLICY_RETRIEVER_URL": retriever_url,
         "BRIDGE_POLICY_VLLM_PORT": str(free_port()),
+        # Set, so that a test (or bench) may ask the engine directly; unset, each start makes a key of its own.
+        "BRIDGE_POLICY_VLLM_API_KEY": f"vllm-test-{uuid.uuid4().hex}",
         "BRIDGE_POLICY_TRAJECTORY_STREAM": f"bridge:test:{uuid.uuid4().hex[:8]}",
         "BRIDGE_POLICY_FEEDBACK_STREAM": f"bridge:test-feedback:{uuid.uuid4().hex[:8]}",
         "REDIS_URL": os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),

