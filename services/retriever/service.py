@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.errors import Conflict, NotFound, NotReady
+from services.common.errors import Conflict, InvalidRequest, NotFound, NotReady
 from services.common.registry import CheckpointRegistry
 from services.common.replicas import ReplicaConfig, ReplicaGroup
 from services.common.schemas.checkpoints import ActivationResponse, RegisteredCheckpoint
@@ -160,6 +160,11 @@ class RetrieverService:
             raise NotReady(f"out of rotation: {self.documents.failing}", code="replica_lagging")
 
     async def search(self, request: SearchRequest) -> SearchResponse:
+        chars, bound = sum(map(len, request.queries)), self.settings.max_query_chars_per_request
+        if chars > bound:  # one search thread serves everyone: no request may hold it for long
+            raise InvalidRequest(f"the queries hold {chars} characters; this deployment takes at most {bound} a "
+                                 "request (BRIDGE_RETRIEVER_MAX_QUERY_CHARS_PER_REQUEST): split them",
+                                 param="queries", code="too_much_work")  # fmt: skip
         if request.version is None:
             await self.check_in_rotation()
         if request.version is not None and request.version not in self.checkpoints.table.checkpoints:

@@ -229,6 +229,20 @@ def test_a_hashed_payload_that_is_not_safetensors_is_a_400_not_a_500(hotpot):
     assert client.checkpoints().active == active_before
 
 
+def test_one_search_may_not_hold_the_search_thread_for_long(hotpot):
+    """256 queries of 2,000 characters held the one search thread for 49 s: the characters of one request are
+    bounded (128,000 by default), with the reason, and a request within the bound is served."""
+    service, _ = hotpot
+    heavy = {"queries": ["film director born " * 100] * 100}  # 190,000 characters
+    refused = httpx.post(service.url + "/v1/search", json=heavy, timeout=60)
+    assert refused.status_code == 400 and "at most 128000" in refused.json()["detail"], refused.text
+    assert refused.json()["error"]["code"] == "too_much_work"
+    legacy = httpx.post(service.url + "/retrieve", json={"queries": heavy["queries"], "topk": 3}, timeout=60)
+    assert legacy.status_code == 400  # Search-R1's route goes through the same bound
+    fine = httpx.post(service.url + "/v1/search", json={"queries": ["film director born " * 50] * 8}, timeout=120)
+    assert fine.status_code == 200
+
+
 def test_checkpoint_path_outside_root_is_refused(hotpot):
     _, client = hotpot
     for path in ["../../etc", "/etc", "../registry.json"]:

@@ -9,6 +9,7 @@ from services.retriever.routes.deps import Metrics, Service
 
 router = APIRouter()
 ERRORS = {
+    400: {"description": "Over this deployment's bound on the work of one request (reason in `detail`)"},
     422: {"description": "Invalid body (reason in `detail`)"},
     413: {"description": "Body too large"},
     409: {"description": "The pinned `version` is not registered here"},
