@@ -62,6 +62,22 @@ def run_training(stack: Stack, rounds: int, console: Console) -> str:
     return run_id
 
 
+def result_tables(questions: list[dict], before: list[dict], after: list[dict]) -> list[Table]:
+    """One small table a question (what it read and said, before and after), not one wide table of six columns:
+    that one wraps to a word a line in 80 columns, the width rich takes when the output is a CI log or a file."""
+    tables = []
+    for q, b, a in zip(questions, before, after, strict=True):
+        table = Table(title=q["question"], caption=f"gold: {', '.join(q['golden_answers'])}", title_justify="left",
+                      caption_justify="left", expand=False)  # fmt: skip
+        table.add_column("")
+        table.add_column("before", overflow="fold")
+        table.add_column("after", overflow="fold")
+        table.add_row("read", "; ".join(b["searched"]), "; ".join(a["searched"]))
+        table.add_row("said", b["answer"], a["answer"])
+        tables.append(table)
+    return tables
+
+
 def run_demo(stack: Stack, rounds: int = 2) -> None:
     console = Console()
     questions = [json.loads(line) for line in (DEMO / "hotpotqa_train.jsonl").open()][:3]
@@ -69,13 +85,9 @@ def run_demo(stack: Stack, rounds: int = 2) -> None:
     before = ask_all(stack, questions)
     run_id = run_training(stack, rounds, console)
     after = ask_all(stack, questions)
-    table = Table(title=f"BRIDGE demo: before and after {rounds} rounds ({run_id})")
-    for column in ("question", "gold", "read before", "said before", "read after", "said after"):
-        table.add_column(column, overflow="fold")
-    for q, b, a in zip(questions, before, after, strict=True):
-        table.add_row(q["question"], ", ".join(q["golden_answers"]), "; ".join(b["searched"]), b["answer"],
-                      "; ".join(a["searched"]), a["answer"])  # fmt: skip
-    console.print(table)
+    console.print(f"[bold]BRIDGE demo: before and after {rounds} rounds ({run_id})[/bold]")
+    for table in result_tables(questions, before, after):
+        console.print(table)
     for m in read_metrics(stack.settings.data_dir / "runs", run_id):
         console.print(f"round {m['round']}: training reward {m.get('reward/mean', 0.0):.3f} (EM, mean of its rollouts)")
     console.print(f"policy    {before[0]['policy']} -> {after[0]['policy']}")

@@ -138,3 +138,24 @@ def test_balance_refuses_a_service_without_its_port_and_writes_a_checked_config(
     assert executed == [["/bin/true", "-db", "-f", str(tmp_path / "haproxy.cfg")]]
     config = (tmp_path / "haproxy.cfg").read_text()
     assert "bind 0.0.0.0:9001" in config and "server-template r 1-16 retriever:8001" in config
+
+
+def test_the_demo_results_read_well_in_80_columns():
+    """A CI log or `make demo > demo.log` is 80 columns: the old six-column table wrapped to a word a line there."""
+    import io
+
+    from rich.console import Console
+
+    from services.cli.demo import result_tables
+
+    question = {"question": "Which magazine was started first, Arthur's Magazine or First for Women?",
+                "golden_answers": ["Arthur's Magazine"]}  # fmt: skip
+    before = {"searched": ["Arthur's Magazine First for Women founded"], "answer": "First for Women"}
+    after = {"searched": ["Arthur's Magazine first published"], "answer": "Arthur's Magazine"}
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=False)
+    for table in result_tables([question], [before], [after]):
+        console.print(table)
+    text = out.getvalue()
+    assert "First for Women" in text and "Arthur's Magazine first published" in text  # no phrase broken up
+    assert len(text.splitlines()) <= 12 and max(map(len, text.splitlines())) <= 80
