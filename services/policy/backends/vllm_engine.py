@@ -123,10 +123,12 @@ class VLLMEngine(Engine):
         return [*memory, "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(batched)]
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
-        """The vLLM server's environment: `base` (the service's own) with what this engine needs; a variable the
-        user set in `base` is kept."""
+        """The vLLM server's environment: `base` (the service's own) without BRIDGE's settings and secrets, with what
+        this engine needs; a variable the user set in `base` is kept."""
         env = {
-            **base,
+            # Nothing of BRIDGE's own: vLLM needs none of it, and the admin token, the API keys and Redis's password
+            # must not reach a process any adapter code runs in.
+            **{k: v for k, v in base.items() if not k.startswith("BRIDGE_") and k != "REDIS_URL"},
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
             **({"VLLM_API_KEY": self.api_key} if self.api_key else {}),
             "VLLM_CACHE_ROOT": base.get("VLLM_CACHE_ROOT", str(self.settings.data_dir / "vllm-cache")),

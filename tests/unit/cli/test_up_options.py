@@ -29,6 +29,14 @@ def test_commands_bind_the_host_and_run_the_workers(tmp_path):
     assert Stack(CommonSettings(data_dir=tmp_path)).commands()["worker"][-1] == "1"
 
 
+def test_each_child_gets_only_the_secrets_it_needs(tmp_path):
+    stack = Stack(CommonSettings(data_dir=tmp_path, admin_token="t" * 32))
+    stack.redis_url = "redis://127.0.0.1:6379/0"
+    for name in ("retriever", "policy", "worker"):
+        assert stack.child_env(name)["BRIDGE_ADMIN_TOKEN"] == "t" * 32
+    assert "BRIDGE_ADMIN_TOKEN" not in stack.child_env("console")  # it holds no secret; the browser brings it
+
+
 def test_client_host():
     assert client_host("0.0.0.0") == client_host("::") == "127.0.0.1"
     assert client_host("10.1.2.3") == "10.1.2.3"

@@ -56,6 +56,8 @@ def test_the_vllm_child_answers_only_a_key_this_service_holds(policy_models_root
     engine, other = VLLMEngine(settings), VLLMEngine(settings)
     assert len(engine.api_key) >= 32 and engine.api_key != other.api_key  # fresh for each start
     assert engine.environment({})["VLLM_API_KEY"] == engine.api_key
+    secrets = {"BRIDGE_ADMIN_TOKEN": "admin", "BRIDGE_POLICY_API_KEYS": "k1", "REDIS_URL": "redis://:pw@r:6379/0"}
+    assert not set(secrets) & set(engine.environment({**secrets, "PATH": "/bin"}))  # none of BRIDGE's reaches vLLM
     assert engine.api_key not in " ".join(engine.command())  # argv is readable by every local user (ps)
     assert engine._http.headers["authorization"] == f"Bearer {engine.api_key}"
     external = VLLMEngine(settings.model_copy(update={"vllm_url": "http://vllm:8011", "vllm_api_key": "k" * 20}))
