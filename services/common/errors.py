@@ -72,6 +72,13 @@ class UpstreamUnavailable(BridgeError):
     type = "upstream_unavailable"
 
 
+class DeadlineExceeded(BridgeError):
+    """The whole request ran past its deadline (every turn and search together); nothing of it was stored."""
+
+    status_code = 504
+    type = "deadline_exceeded"
+
+
 def error_body(status: int, type_: str, message: str, param: str | None = None, code: str | None = None) -> dict:
     return {
         "detail": message,

@@ -6,14 +6,15 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 from services.common.answers import exact_match, f1_score, reward_for, trajectory_text
 from services.common.clients.retriever import AsyncRetrieverClient, ServiceError
-from services.common.errors import Conflict, InvalidRequest, UpstreamUnavailable
+from services.common.errors import Conflict, DeadlineExceeded, InvalidRequest, UpstreamUnavailable
 from services.common.schemas.agent_events import AnswerEvent, DoneEvent, StartEvent
 from services.common.schemas.policy import (
     ORACLE_MODES,
@@ -41,6 +42,7 @@ from services.policy.merged import AdapterPerRequest, ServedWeights, merged_regi
 from services.policy.settings import PolicySettings
 from services.policy.store import TrajectoryStore
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 _SUMMARY_FIELDS = set(TrajectorySummary.model_fields) - {"searches"}
 
@@ -158,8 +160,21 @@ class PolicyService:
 
     async def query(self, request: AgentQueryRequest, version: str | None = None) -> AgentQueryResponse:
         started = time.perf_counter()
-        record, timings = await self.answer(request, version=version)
+        record, timings = await self.within_deadline(self.answer(request, version=version))
         return self.response(record, timings, started)
+
+    async def within_deadline(self, work: Awaitable[T]) -> T:
+        """`work` or a 504 once `agent_deadline_s` has passed (the work is cancelled)."""
+        deadline = self.settings.agent_deadline_s
+        timer = asyncio.timeout(deadline)
+        try:
+            async with timer:
+                return await work
+        except TimeoutError as exc:
+            if not timer.expired():  # a timeout of its own inside the work, not the deadline
+                raise
+            raise DeadlineExceeded(f"the agent ran past this deployment's deadline of {deadline:g} s "
+                                   "(BRIDGE_POLICY_AGENT_DEADLINE_S)", code="deadline_exceeded") from exc  # fmt: skip
 
     @staticmethod
     def response(record: TrajectoryRecord, timings: dict[str, float], started: float) -> AgentQueryResponse:
@@ -194,7 +209,7 @@ class PolicyService:
         (the client went away), the run is cancelled and what it generated is recorded as `cancelled`."""
         started = time.perf_counter()
         sink = EventSink()
-        work = asyncio.create_task(self.answer(request, sink, version))
+        work = asyncio.create_task(self.within_deadline(self.answer(request, sink, version)))
         work.add_done_callback(lambda _: sink.queue.put_nowait(None))
         finished = False
         try:

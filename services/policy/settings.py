@@ -109,6 +109,13 @@ class PolicySettings(CommonSettings):
         0.05, gt=0, le=100, description="Retrieval temperature when serve_retrieval=sample."
     )
     request_timeout_s: float = Field(600, ge=1, description="Cap on one engine call; a hung engine fails cleanly.")
+    agent_deadline_s: float = Field(
+        300,
+        ge=1,
+        le=3600,
+        description="Cap on one /v1/agent/query, every turn and search together (504 past it): one request may not "
+        "hold the engine for long. Rollouts, which train, are not bounded by it.",
+    )
     trajectory_stream: str = Field("bridge:trajectories", description="Redis stream of every trajectory.")
     feedback_stream: str = Field("bridge:feedback", description="Redis stream of rewarded served trajectories.")
     stream_maxlen: int = Field(100_000, ge=100, description="Approximate cap on stream entries (XADD MAXLEN ~).")

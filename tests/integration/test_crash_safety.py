@@ -128,6 +128,29 @@ def test_a_hung_engine_call_fails_cleanly_within_the_timeout(light_policy):
     assert httpx.get(light_policy.url + "/healthz").status_code == 200  # and the service carries on
 
 
+def test_one_query_may_not_outlive_the_agent_deadline(tmp_path, policy_models_root, private_redis):
+    """The engine call alone would wait 120 s; the request's own deadline (2 s here) answers 504 first."""
+    engine = HangingEngine()
+    env = policy_env(
+        policy_models_root, f"http://127.0.0.1:{free_port()}", BRIDGE_POLICY_VLLM_URL=engine.url,
+        BRIDGE_POLICY_REQUEST_TIMEOUT_S="120", BRIDGE_POLICY_AGENT_DEADLINE_S="2",
+        BRIDGE_POLICY_INITIAL_SEARCH="false", REDIS_URL=private_redis.url,
+    )  # fmt: skip
+    service = start_service("policy", tmp_path / "policy-deadline", env, timeout=300)
+    try:
+        started = time.monotonic()
+        response = httpx.post(service.url + "/v1/agent/query", json={"question": "Who wrote Hamlet?"}, timeout=60)
+        elapsed = time.monotonic() - started
+        assert response.status_code == 504, response.text
+        body = response.json()
+        assert body["error"]["type"] == "deadline_exceeded" and "deadline of 2 s" in body["detail"]
+        assert 2 <= elapsed < 10 and engine.requests >= 1
+        assert httpx.get(service.url + "/healthz").status_code == 200
+    finally:
+        stop_service(service)
+        engine.close()
+
+
 def test_policy_rides_out_a_redis_restart_and_answers_503_while_it_is_down(light_policy, private_redis):
     url = light_policy.url
     unknown = url + "/v1/trajectories/no-such-id"

@@ -123,7 +123,9 @@ def test_agent_repetitions_start_from_the_base_weights(monkeypatch):
     def fake_tokens(url: str, trajectory_ids: list[str]) -> int:  # the trained policy says half as much
         return sum(25 if t.startswith("trained") else 50 for t in trajectory_ids)
 
-    async def fake_raw(url: str, prompts, concurrency: int, max_tokens: int, fixed_length: bool = False) -> float:
+    async def fake_raw(
+        url: str, prompts, concurrency: int, max_tokens: int, fixed_length: bool = False, key: str | None = None
+    ) -> float:
         return 190.0 if activated and activated[-1] == "trained" else 200.0
 
     monkeypatch.setattr(agent, "run_service", fake_service)
