@@ -19,13 +19,13 @@ def test_the_series_alternates_and_each_ratio_compares_the_same_weights(monkeypa
         activated.append(version)
         active["version"] = version
 
-    def tok_s(url, prompts, max_tokens):  # a service that slows down by 10 tok/s after every swap
+    def tok_s(url, prompts, max_tokens, key):  # a service that slows down by 10 tok/s after every swap
         measured.append(active["version"])
         return (400.0 if active["version"] == "base" else 300.0) - 10 * (len(activated) - 1 if activated else 0)
 
     monkeypatch.setattr(swaps, "activate", activate)
     monkeypatch.setattr(swaps, "tok_s", tok_s)
-    ratios = swaps.series(None, "url", ["p"], SimpleNamespace(swaps=4, max_tokens=8), "base", "trained")
+    ratios = swaps.series(None, "url", ["p"], SimpleNamespace(swaps=4, max_tokens=8, vllm_key="k"), "base", "trained")
     assert activated == ["base", "trained", "base", "trained", "base"]
     assert measured == ["base"] * 5 + ["base", "trained", "base", "trained", "base"]  # control, then the series
     assert ratios["tok_s/control_last_over_first"] == 1.0
