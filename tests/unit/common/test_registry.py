@@ -154,17 +154,22 @@ def test_leftovers_of_an_interrupted_replace_are_removed_at_start(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [".tmp-v3-12345678", "v1"]
 
 
+async def v2_active_over_v1(root: Path) -> None:
+    """A registry file at `root` with v2 active and v1 previous, both registered from good checkpoints."""
+    registry = CheckpointRegistry(RecordingLoader(), VersionTable, root / "registry.json", root)
+    await registry.restore(previous=True)
+    for version in ("v1", "v2"):
+        await registry.register(checkpoint(root, version))
+        await registry.activate(version)
+
+
 @pytest.mark.parametrize("corrupt", [("v2",), ("v2", "v1")])
 def test_a_corrupt_active_checkpoint_at_start_serves_the_last_good_version_loudly(tmp_path, corrupt):
     """A bad disk must not make a crash loop: v2 active, v1 previous; with v2 (or both) corrupt on disk, start
     serves v1 (or base), records why, and the corrupt versions are failed, not loaded."""
 
     async def scenario() -> None:
-        registry = CheckpointRegistry(RecordingLoader(), VersionTable, tmp_path / "registry.json", tmp_path)
-        await registry.restore(previous=True)
-        for version in ("v1", "v2"):
-            await registry.register(checkpoint(tmp_path, version))
-            await registry.activate(version)
+        await v2_active_over_v1(tmp_path)
         for version in corrupt:
             (tmp_path / version / "weights.safetensors").write_bytes(b"flipped bits")
         loader = RecordingLoader()
@@ -182,11 +187,7 @@ def test_a_corrupt_active_checkpoint_at_start_serves_the_last_good_version_loudl
 
 def test_a_corrupt_previous_checkpoint_at_start_only_loses_the_instant_rollback(tmp_path):
     async def scenario() -> None:
-        registry = CheckpointRegistry(RecordingLoader(), VersionTable, tmp_path / "registry.json", tmp_path)
-        await registry.restore(previous=True)
-        for version in ("v1", "v2"):
-            await registry.register(checkpoint(tmp_path, version))
-            await registry.activate(version)
+        await v2_active_over_v1(tmp_path)
         (tmp_path / "v1" / "weights.safetensors").write_bytes(b"flipped bits")
         started = CheckpointRegistry(RecordingLoader(), VersionTable, tmp_path / "registry.json", tmp_path)
         await started.restore(previous=True)
