@@ -173,13 +173,18 @@ async def require_api_key(request: Request) -> None:
     check_api_key(request, getattr(request.app.state, "api_keys", ()), getattr(request.app.state, "admin_token", None))
 
 
+def install_trusted_hosts(app: FastAPI, trusted_hosts: Sequence[str]) -> None:
+    """A 400 for any Host header outside `trusted_hosts` (Starlette's `TrustedHostMiddleware`); none for '*'."""
+    if "*" not in trusted_hosts:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(trusted_hosts))
+
+
 def install_request_middleware(app: FastAPI, max_body_bytes: int, trusted_hosts: Sequence[str] = ("*",)) -> None:
     """Body-size limit, the Host header checked against `trusted_hosts` (Starlette's `TrustedHostMiddleware`: 400
     for any other), and requests counted and timed by route, method and status in `app.state.metrics`
     (`ServiceMetrics.instrument`)."""
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
-    if "*" not in trusted_hosts:
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(trusted_hosts))
+    install_trusted_hosts(app, trusted_hosts)
     app.state.metrics.instrument(app)  # added last: outermost, so it counts the 413s too
 
 

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 
 from services.common.errors import install_error_handlers
-from services.common.http import BodySizeLimit
+from services.common.http import BodySizeLimit, install_trusted_hosts
 from services.console.routes import pages, proxy
 from services.console.routes.pages import STATIC
 from services.console.service import ConsoleService
@@ -40,6 +40,7 @@ def build_app(settings: ConsoleSettings | None = None) -> FastAPI:
     app = FastAPI(title="BRIDGE console", version="1", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=2 * 1024 * 1024)
+    install_trusted_hosts(app, settings.resolved_trusted_hosts)  # the one a browser reaches: DNS rebinding
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):

@@ -28,3 +28,14 @@ def test_paths_outside_the_api_are_refused(console, path):
 
 def test_an_api_path_is_forwarded(console):
     assert console.get("/api/policy/v1/checkpoints").status_code == 502  # passed, then the upstream is unreachable
+
+
+def test_the_console_answers_only_its_trusted_hosts(tmp_path):
+    """The console is what a browser reaches: a rebound name must not get its page or its pass-through."""
+    closed = "http://127.0.0.1:9"
+    settings = ConsoleSettings(data_dir=tmp_path, policy_url=closed, retriever_url=closed, trainer_url=closed,
+                               trusted_hosts="127.0.0.1,localhost")  # fmt: skip
+    with TestClient(build_app(settings), base_url="http://127.0.0.1") as client:
+        assert client.get("/").status_code == 200
+        for path in ("/", "/api/policy/v1/checkpoints"):
+            assert client.get(path, headers={"host": "rebound.attacker.test"}).status_code == 400
