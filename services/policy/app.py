@@ -24,7 +24,7 @@ def build_app(settings: PolicySettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.admin_token = settings.resolve_admin_token()
-        service = PolicyService(settings, build_engine(settings))
+        service = PolicyService(settings, build_engine(settings), app.state.metrics.count_needed_trimmed)
         try:
             await service.start()
             app.state.service = service

@@ -18,3 +18,12 @@ class PolicyMetrics(ServiceMetrics):
         self.reward = Histogram(
             "bridge_policy_rollout_reward", "Rollout rewards", registry=self.registry, buckets=(0.0, 0.5, 1.0)
         )
+        self.stream_needed_trimmed = Counter(
+            "bridge_policy_stream_needed_trimmed_total",
+            "Stream entries a training run still needed, trimmed over stream_hard_maxlen",
+            ["stream"],
+            registry=self.registry,
+        )
+
+    def count_needed_trimmed(self, stream: str, count: int) -> None:
+        self.stream_needed_trimmed.labels(stream=stream).inc(count)

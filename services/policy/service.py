@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -71,7 +71,13 @@ def build_engine(settings: PolicySettings) -> Engine:
 
 
 class PolicyService:
-    def __init__(self, settings: PolicySettings, engine: Engine) -> None:
+    def __init__(
+        self,
+        settings: PolicySettings,
+        engine: Engine,
+        on_pinned_trim: Callable[[str, int], None] = lambda stream, count: None,
+    ) -> None:
+        """`on_pinned_trim(stream, count)`: entries a training run needed were trimmed (the metric counts them)."""
         self.settings = settings
         self.engine = engine
         settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -89,8 +95,9 @@ class PolicyService:
             settings.resolved_redis_url,
             settings.trajectory_stream,
             settings.feedback_stream,
-            settings.stream_maxlen,
+            settings.stream_bound,
             settings.trajectory_ttl_s,
+            on_pinned_trim,
         )
         self.agent = AgentRunner(engine, self.retriever, settings.max_new_tokens, settings.max_model_len)
         self.explore_rng = random.Random()  # which served queries draw the exploring share of retrieval

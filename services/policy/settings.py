@@ -9,6 +9,7 @@ from pydantic_settings import SettingsConfigDict
 
 from services.common.hardware import gpu_available
 from services.common.settings import CommonSettings
+from services.policy.stream_bound import StreamBound
 
 
 class PolicySettings(CommonSettings):
@@ -118,7 +119,24 @@ class PolicySettings(CommonSettings):
     )
     trajectory_stream: str = Field("bridge:trajectories", description="Redis stream of every trajectory.")
     feedback_stream: str = Field("bridge:feedback", description="Redis stream of rewarded served trajectories.")
-    stream_maxlen: int = Field(100_000, ge=100, description="Approximate cap on stream entries (XADD MAXLEN ~).")
+    stream_maxlen: int = Field(
+        100_000,
+        ge=100,
+        description="Entries each stream is trimmed towards, sparing those a training run still needs (pending for "
+        "it, or not yet read by it).",
+    )
+    stream_hard_maxlen: int = Field(
+        250_000,
+        ge=100,
+        description="Past this many entries a stream is trimmed by count even of entries a run needs: a warning and "
+        "bridge_policy_stream_needed_trimmed_total say so, and the run reports them lost.",
+    )
+    stream_group_idle_s: float = Field(
+        6 * 3600,
+        gt=0,
+        description="A trainer's consumer group idle this long (its run failed and was left) no longer holds "
+        "entries back from trimming.",
+    )
     trajectory_ttl_s: int = Field(
         7 * 24 * 3600, ge=60, description="How long a trajectory stays readable at /v1/trajectories/{id}."
     )
@@ -168,6 +186,19 @@ class PolicySettings(CommonSettings):
         if self.adapter_serving == "merged" and self.engine != "vllm":
             raise ValueError("adapter_serving 'merged' reloads weights in vLLM; the transformers engine serves LoRA")
         return self
+
+    @model_validator(mode="after")
+    def _hard_cap_above_target(self) -> PolicySettings:
+        if self.stream_hard_maxlen < self.stream_maxlen:
+            raise ValueError(
+                f"stream_hard_maxlen ({self.stream_hard_maxlen}) is below stream_maxlen "
+                f"({self.stream_maxlen}): the hard cap must leave room for what runs still need"
+            )
+        return self
+
+    @property
+    def stream_bound(self) -> StreamBound:
+        return StreamBound(self.stream_maxlen, self.stream_hard_maxlen, self.stream_group_idle_s)
 
     @property
     def serves_merged(self) -> bool:

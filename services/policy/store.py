@@ -1,5 +1,6 @@
 """Trajectories in Redis: each record under its own key (for GET by id and feedback) and appended to a
-bounded stream that the trainer reads through a consumer group. Written before the response returns,
+stream that the trainer reads through a consumer group, bounded without dropping what a run needs
+(`stream_bound.py`). Written before the response returns,
 so a trajectory a client has seen is never lost to a crash of this process."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.errors import DependencyUnavailable, NotFound
 from services.common.schemas.policy import TrajectoryRecord
+from services.policy.stream_bound import StreamBound, trim
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -39,17 +41,25 @@ def _unavailable_as_503(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaita
     return wrapper
 
 
-# KEYS: the feedback marker, the record, the feedback stream; ARGV: ttl, record json, stream maxlen, id, reward.
+# KEYS: the feedback marker, the record, the feedback stream; ARGV: ttl, record json, id, reward.
 _REWARD_ONCE = """
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[1])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[4], 'reward', ARGV[5], 'data', ARGV[2])
+redis.call('XADD', KEYS[3], '*', 'id', ARGV[3], 'reward', ARGV[4], 'data', ARGV[2])
 return 1
 """
 
 
 class TrajectoryStore:
-    def __init__(self, url: str, stream: str, feedback_stream: str, maxlen: int, ttl_s: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        stream: str,
+        feedback_stream: str,
+        bound: StreamBound,
+        ttl_s: int,
+        on_pinned_trim: Callable[[str, int], None] = lambda stream, count: None,
+    ) -> None:
         # Reconnect with backoff when Redis restarts, instead of failing the request on the first error.
         # About 11 s of retries in all (0.2, 0.4, ... capped at 2 s): a Redis restart inside that window is invisible
         # to callers.
@@ -64,8 +74,9 @@ class TrajectoryStore:
         )
         self.stream = stream
         self.feedback_stream = feedback_stream
-        self.maxlen = maxlen
+        self.bound = bound
         self.ttl_s = ttl_s
+        self.on_pinned_trim = on_pinned_trim
 
     @staticmethod
     def key(trajectory_id: str) -> str:
@@ -81,8 +92,9 @@ class TrajectoryStore:
             for record in records:
                 data = record.model_dump_json()
                 pipe.set(self.key(record.id), data, ex=self.ttl_s)
-                pipe.xadd(self.stream, {"id": record.id, "data": data}, maxlen=self.maxlen, approximate=True)
+                pipe.xadd(self.stream, {"id": record.id, "data": data})
             results = await pipe.execute()
+        await trim(self.redis, self.stream, self.bound, self.on_pinned_trim)
         return [r for r in results[1::2]]
 
     @_unavailable_as_503
@@ -113,8 +125,11 @@ class TrajectoryStore:
         cannot both announce (a second event would be a second training sample of the same answer)."""
         data = record.model_dump_json()
         keys = [self.feedback_key(record.id), self.key(record.id), self.feedback_stream]
-        args = [self.ttl_s, data, self.maxlen, record.id, json.dumps(record.reward)]
-        return bool(await self.redis.eval(_REWARD_ONCE, len(keys), *keys, *args))
+        args = [self.ttl_s, data, record.id, json.dumps(record.reward)]
+        announced = bool(await self.redis.eval(_REWARD_ONCE, len(keys), *keys, *args))
+        if announced:
+            await trim(self.redis, self.feedback_stream, self.bound, self.on_pinned_trim)
+        return announced
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -95,7 +95,8 @@ def fresh_versions(state: RunState) -> list[str]:
 def collect_live(settings: TrainerSettings, state: RunState, round_index: int, out) -> str:
     run_id = state.config.run_id
     stream = source_stream(settings, state.config)  # where publish acknowledges them
-    entries, dropped = take_live(redis_client(settings), stream, run_id, state.config.live_batch, fresh_versions(state))
+    r = redis_client(settings)
+    entries, dropped, _ = take_live(r, stream, run_id, state.config.live_batch, fresh_versions(state))
     if dropped:
         log.info("run %s: dropped %d stale or unrewarded live trajectories", run_id, dropped)
     if len(entries) < state.config.live_batch:

@@ -12,9 +12,7 @@ from services.common.checkpoints import write_json_atomic
 from services.common.clients.policy import PolicyClient
 from services.common.clients.retriever import RetrieverClient
 from services.trainer.plan import Phase
-from services.trainer.rollout import (
-    group_name,
-)
+from services.trainer.rollout import drop_group, group_name
 from services.trainer.round_files import (
     OPTIMIZER_DIR,
     PUBLISHED_RETRIEVER,
@@ -104,6 +102,8 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
     if state.next_round >= state.config.rounds:
         state.status = "done"
     state.save(settings.runs_dir)
+    if state.status == "done":  # nothing left to read: the group would only hold entries back from trimming
+        drop_group(r, source_stream(settings, state.config), run_id)
     # After the save: a tracker that fails is a warning, and one that takes the process down cannot log the row twice
     log_round(settings.runs_dir / run_id, state.config, row, finished=state.status == "done")
     return state.status == "running"

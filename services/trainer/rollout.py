@@ -5,9 +5,11 @@ is published, so a worker that dies mid-round leaves them to be re-claimed, neve
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import redis
 
@@ -15,6 +17,8 @@ from services.common.checkpoints import write_json_atomic
 from services.common.clients.policy import PolicyClient
 from services.common.schemas.policy import RolloutItem, RolloutRequest, TrajectoryRecord
 from services.trainer.run_state import RunConfig
+
+log = logging.getLogger(__name__)
 
 
 def group_name(run_id: str) -> str:
@@ -28,11 +32,39 @@ def entry_order(entry_id: str) -> tuple[int, int]:
 
 
 def ensure_group(r: redis.Redis, stream: str, run_id: str) -> None:
+    """The run's consumer group, created unless it exists: at the start, and again at every read, since a Redis
+    restarted without persistence comes back without it (a resumed run then failed with NOGROUP). A group made
+    anew reads from now on: what the lost one held is gone with the stream, and a dataset round asks again."""
     try:
         r.xgroup_create(stream, group_name(run_id), id="$", mkstream=True)
     except redis.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def drop_group(r: redis.Redis, stream: str, run_id: str) -> None:
+    """A finished run's group: gone, so that it holds no entries back from the policy service's trimming."""
+    r.xgroup_destroy(stream, group_name(run_id))
+
+
+class EntriesTrimmed(RuntimeError):
+    """Entries the run needed were trimmed from the stream before it used them (the policy service's
+    stream_hard_maxlen was reached, or the run's group sat idle past stream_group_idle_s)."""
+
+
+def claim_pending(r: redis.Redis, stream: str, run_id: str) -> tuple[list, int]:
+    """(every entry pending for the run, claimed by its one consumer; how many pending entries were trimmed from
+    the stream meanwhile). Redis drops those from the pending list as it reports them, so they are counted now
+    or never."""
+    group, consumer = group_name(run_id), "worker"
+    claimed_all, lost, cursor = [], 0, "0-0"
+    while True:
+        cursor, claimed, *deleted = r.xautoclaim(stream, group, consumer, min_idle_time=0, start_id=cursor, count=500)
+        lost += len(deleted[0]) if deleted else 0  # Redis 7 lists them; 6.2 gives them with no fields
+        lost += sum(1 for _, fields in claimed if not fields)
+        claimed_all.extend((entry_id, fields) for entry_id, fields in claimed if fields)
+        if cursor in ("0-0", b"0-0"):
+            return claimed_all, lost
 
 
 def round_items(config: RunConfig, rows: list[dict], round_index: int) -> list[dict]:
@@ -103,13 +135,12 @@ def take_from_stream(
     `expected=None` recovers what an earlier attempt of `tag` left: every entry of the tag already in the
     stream, pending or not yet read, without waiting. With a set, entries of `tag` outside it were superseded
     by a later request and are acknowledged. Entries of the run's other tags stay pending for their round."""
+    ensure_group(r, stream, run_id)
     group, consumer = group_name(run_id), "worker"
     found: dict[str, tuple[str, TrajectoryRecord]] = {}
 
     def consider(entries) -> None:
         for entry_id, fields in entries:
-            if not fields:  # trimmed from the stream while pending
-                continue
             record = TrajectoryRecord.model_validate_json(fields["data"])
             if record.run_id == tag and (expected is None or record.id in expected):
                 found[record.id] = (entry_id, record)
@@ -117,12 +148,10 @@ def take_from_stream(
                 r.xack(stream, group, entry_id)  # superseded, or someone else's: nothing for this run to keep
 
     # Pending entries first: a previous attempt of this round read them and died before publishing.
-    cursor = "0-0"
-    while True:
-        cursor, claimed, *_ = r.xautoclaim(stream, group, consumer, min_idle_time=0, start_id=cursor, count=500)
-        consider(claimed)
-        if cursor in ("0-0", b"0-0"):
-            break
+    claimed, lost = claim_pending(r, stream, run_id)
+    if lost:
+        log.warning("run %s: %d of its pending entries were trimmed from %s before it used them", run_id, lost, stream)
+    consider(claimed)
     if expected is None:
         while response := r.xreadgroup(group, consumer, {stream: ">"}, count=500):
             for _, entries in response:
@@ -134,8 +163,16 @@ def take_from_stream(
         for _, entries in response or []:
             consider(entries)
     missing = expected - set(found)
+    if missing and lost:
+        raise EntriesTrimmed(
+            f"{len(missing)} trajectories of {tag} are missing and {lost} of the run's pending "
+            f"entries were trimmed from {stream}: see the policy service's stream_hard_maxlen"
+        )
     if missing:
-        raise RuntimeError(f"{len(missing)} trajectories of {tag} never reached the stream {stream}")
+        raise RuntimeError(
+            f"{len(missing)} trajectories of {tag} never reached the stream {stream} (or were trimmed "
+            "before this run read them: see bridge_policy_stream_needed_trimmed_total)"
+        )
     return list(found.values())
 
 
@@ -164,16 +201,20 @@ def load_round_rollouts(path: Path) -> tuple[list[str], list[TrajectoryRecord]]:
     return [row["entry_id"] for row in rows], [TrajectoryRecord.model_validate(row["record"]) for row in rows]
 
 
-def take_live(
-    r: redis.Redis, stream: str, run_id: str, want: int, fresh_versions: list[str]
-) -> tuple[list[tuple[str, TrajectoryRecord]], int]:
+class LiveTake(NamedTuple):
+    entries: list[tuple[str, TrajectoryRecord]]  # in arrival order
+    dropped: int  # stale, unrewarded or repeated: acknowledged
+    lost: int  # pending for the run, then trimmed from the stream before a round took them
+
+
+def take_live(r: redis.Redis, stream: str, run_id: str, want: int, fresh_versions: list[str]) -> LiveTake:
     """Up to `want` rewarded trajectories from the feedback stream, freshest first: the newest policy version's,
     then the one before it, newest entries first within a version. Served traffic outpaces a CPU trainer by an
     order of magnitude, and oldest-first trained every round on the backlog its first policy had served (a live
     run of three rounds learned from `base` only). Stale ones (a policy version outside `fresh_versions`, given
     oldest to newest) are acknowledged and dropped; fresh ones not taken stay pending for a later round.
-    A trajectory is taken once: a later entry for the same trajectory id is dropped.
-    Returns (entries in arrival order, dropped)."""
+    A trajectory is taken once: a later entry for the same trajectory id is dropped."""
+    ensure_group(r, stream, run_id)
     group, consumer = group_name(run_id), "worker"
     rank = {version: position for position, version in enumerate(fresh_versions)}
     fresh: dict[str, TrajectoryRecord] = {}
@@ -183,8 +224,6 @@ def take_live(
     def consider(entries) -> None:
         nonlocal dropped
         for entry_id, fields in entries:
-            if not fields:
-                continue
             record = TrajectoryRecord.model_validate_json(fields["data"])
             if record.reward is None or record.policy_version not in rank or record.id in taken_ids:
                 # the same trajectory twice (a feedback stream fed by other writers): one training sample
@@ -194,14 +233,12 @@ def take_live(
                 fresh[entry_id] = record
                 taken_ids.add(record.id)
 
-    cursor = "0-0"
-    while True:  # what earlier rounds saw and left pending
-        cursor, claimed, *_ = r.xautoclaim(stream, group, consumer, min_idle_time=0, start_id=cursor, count=500)
-        consider(claimed)
-        if cursor in ("0-0", b"0-0"):
-            break
+    claimed, lost = claim_pending(r, stream, run_id)  # what earlier rounds saw and left pending
+    if lost:
+        log.warning("run %s: %d of its pending live trajectories were trimmed from %s", run_id, lost, stream)
+    consider(claimed)
     while response := r.xreadgroup(group, consumer, {stream: ">"}, count=500):  # and everything new
         for _, entries in response:
             consider(entries)
     freshest = sorted(fresh, key=lambda e: (rank[fresh[e].policy_version], entry_order(e)), reverse=True)[:want]
-    return [(e, fresh[e]) for e in sorted(freshest, key=entry_order)], dropped
+    return LiveTake([(e, fresh[e]) for e in sorted(freshest, key=entry_order)], dropped, lost)

@@ -9,13 +9,14 @@ import uuid
 
 from services.common.schemas.policy import TrajectoryRecord
 from services.policy.store import TrajectoryStore
+from services.policy.stream_bound import StreamBound
 
 
 def test_feedback_is_announced_once_per_trajectory():
     async def run() -> None:
         tag = uuid.uuid4().hex[:8]
         url = os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-        store = TrajectoryStore(url, f"test:traj:{tag}", f"test:feedback:{tag}", maxlen=100, ttl_s=60)
+        store = TrajectoryStore(url, f"test:traj:{tag}", f"test:feedback:{tag}", StreamBound(100, 200, 3600), ttl_s=60)
         record = TrajectoryRecord(id=f"t-{tag}", question="q?", prompt="p", prompt_ids=[1], turns=[], answer="a",
                                   policy_version="base", retriever_version="base", created_at=0.0)  # fmt: skip
         try:

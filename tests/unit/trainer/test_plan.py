@@ -145,11 +145,11 @@ def test_live_rounds_take_the_freshest_trajectories_and_drop_the_stale():
         add("v2-0", "v2")
         add("v2-unrewarded", "v2", reward=None)
         add("v2-1", "v2")
-        taken, dropped = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
+        taken, dropped, _ = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
         assert [rec.id for _, rec in taken] == ["v1-2", "v2-0", "v2-1"]  # arrival order among the chosen
         assert dropped == 5  # four of v0 and the unrewarded one, acknowledged
         assert r.xpending(stream, group_name(run))["pending"] == 5  # the three taken and v1-0, v1-1 for later
-        taken, dropped = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
+        taken, dropped, _ = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
         assert [rec.id for _, rec in taken] == ["v1-2", "v2-0", "v2-1"] and dropped == 0  # a retry takes the same
     finally:
         r.delete(stream)
@@ -172,8 +172,60 @@ def test_a_live_round_takes_each_trajectory_once():
         for trajectory_id, reward in (("t1", 1.0), ("t2", 0.0), ("t1", 0.0)):
             rec = record(trajectory_id, "q1", 0).model_copy(update={"policy_version": "v1", "reward": reward})
             r.xadd(stream, {"data": rec.model_dump_json()})
-        taken, dropped = take_live(r, stream, run, want=3, fresh_versions=["v1"])
+        taken, dropped, _ = take_live(r, stream, run, want=3, fresh_versions=["v1"])
         assert sorted(rec.id for _, rec in taken) == ["t1", "t2"] and dropped == 1
         assert r.xpending(stream, group_name(run))["pending"] == 2
+    finally:
+        r.delete(stream)
+
+
+def test_a_run_whose_group_redis_lost_reads_again_instead_of_failing_with_nogroup():
+    """Real Redis restarted without persistence (the stream and its groups gone): the next read recreates the
+    run's group and goes on; a dataset round's missing rollouts are then asked for again (collect)."""
+    import os
+    import uuid
+
+    import redis
+
+    from services.trainer.rollout import ensure_group, take_from_stream, take_live
+
+    r = redis.Redis.from_url(os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), decode_responses=True)
+    stream, run = f"test:trajectories:{uuid.uuid4().hex}", "run"
+    try:
+        ensure_group(r, stream, run)
+        r.delete(stream)  # what a restart without persistence leaves
+        assert take_from_stream(r, stream, run, rollout_tag(run, 0), expected=None) == []
+        r.delete(stream)
+        assert take_live(r, stream, run, want=1, fresh_versions=["v1"]).entries == []
+    finally:
+        r.delete(stream)
+
+
+def test_pending_entries_trimmed_from_the_stream_are_reported_not_skipped():
+    """Real Redis: entries a round read and left pending, then trimmed (the stream's hard cap), are counted as lost
+    by a live round, and a dataset round missing them fails saying they were trimmed, not that they never came."""
+    import os
+    import uuid
+
+    import pytest
+    import redis
+
+    from services.trainer.rollout import EntriesTrimmed, ensure_group, group_name, take_from_stream, take_live
+
+    r = redis.Redis.from_url(os.environ.get("BRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), decode_responses=True)
+    stream, run = f"test:trajectories:{uuid.uuid4().hex}", "run"
+    try:
+        ensure_group(r, stream, run)
+        tag = rollout_tag(run, 0)
+        for n in range(3):
+            rec = record(f"a{n}", "q1", n).model_copy(update={"run_id": tag, "policy_version": "v1", "reward": 1.0})
+            r.xadd(stream, {"data": rec.model_dump_json()})
+        r.xreadgroup(group_name(run), "worker", {stream: ">"})  # a round read them and died
+        r.xtrim(stream, maxlen=1, approximate=False)
+        with pytest.raises(EntriesTrimmed, match="2 of the run's pending entries were trimmed"):
+            take_from_stream(r, stream, run, tag, expected={"a0", "a1", "a2"}, timeout_s=0)
+        r.xreadgroup(group_name(run), "worker", {stream: ">"})
+        r.xtrim(stream, maxlen=0, approximate=False)
+        assert take_live(r, stream, run, want=3, fresh_versions=["v1"]).lost == 1
     finally:
         r.delete(stream)
