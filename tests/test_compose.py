@@ -104,7 +104,13 @@ def test_the_build_context_leaves_out_the_venv_and_the_secrets():
     lines = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.strip()]
     rules = [ln for ln in lines if not ln.startswith("#")]
     assert rules[0] == "*"  # everything out, then only what the images copy back in
-    assert {r[1:] for r in rules if r.startswith("!")} == {"pyproject.toml", "README.md", "services", "docker"}
+    assert {r[1:] for r in rules if r.startswith("!")} == {
+        "pyproject.toml",
+        "README.md",
+        "constraints.txt",
+        "services",
+        "docker",
+    }
     assert "docker/secrets" in rules
 
 

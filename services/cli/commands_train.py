@@ -130,9 +130,9 @@ def train(
         list[str] | None,
         typer.Option(
             help="Experiment trackers every round's metrics also go to (TRL's report_to), repeatable or "
-            "comma-separated: tensorboard (the default), wandb, mlflow; none for none. Files go under the run's "
-            "folder: <run>/tensorboard, <run>/wandb (offline unless WANDB_MODE is set), <run>/mlruns (unless "
-            "MLFLOW_TRACKING_URI is set).",
+            "comma-separated: tensorboard (the default where installed), wandb, mlflow; none for none. Files go "
+            "under the run's folder: <run>/tensorboard, <run>/wandb (offline unless WANDB_MODE is set), "
+            "<run>/mlruns (unless MLFLOW_TRACKING_URI is set).",
         ),
     ] = None,
     resume: Annotated[

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from services.common.checkpoints import write_json_atomic
 from services.trainer.algo.config import PAPER_GAMMA, AlgoConfig
-from services.trainer.trackers import TrackerName, tracker_names
+from services.trainer.trackers import TrackerName, default_trackers, tracker_names
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,10 @@ class RunConfig(BaseModel):
         "correct answer). Evaluation reports EM and F1 whatever this is.",
     )
     report_to: list[TrackerName] = Field(
-        default_factory=lambda: ["tensorboard"],
+        default_factory=default_trackers,
         description="Experiment trackers every round's metrics also go to (TRL's report_to): tensorboard, wandb, "
-        "mlflow; [] for none. Files under the run's folder (docs/training.md, Experiment trackers).",
+        "mlflow; [] for none. Default: tensorboard where it is installed (the trackers extra), else none. Files "
+        "under the run's folder (docs/training.md, Experiment trackers).",
     )
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
 

@@ -15,6 +15,7 @@ tracker that fails while logging a round is a warning, never the round's failure
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ TRACKER_NAMES: tuple[str, ...] = get_args(TrackerName)
 # The module each tracker needs, and how to get it.
 MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 INSTALL = {
-    "tensorboard": "pip install tensorboard",
+    "tensorboard": "pip install 'bridge-rl[trackers]' (or tensorboard)",
     "wandb": "pip install 'bridge-rl[trackers]' (or wandb)",
     "mlflow": "pip install 'bridge-rl[trackers]' (or mlflow)",
 }
@@ -55,6 +56,16 @@ def tracker_names(values: str | Iterable[str]) -> list[str]:
     items = [values] if isinstance(values, str) else list(values)
     names = [n.strip().lower() for item in items for n in str(item).split(",")]
     return list(dict.fromkeys(n for n in names if n and n != "none"))
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(MODULES[name]) is not None
+
+
+def default_trackers() -> list[str]:
+    """TensorBoard where it is installed (the `trackers` extra: the trainer image and `make install` have it), else
+    none: a plain install of the services must not need a tracker to train, nor refuse a run that names none."""
+    return ["tensorboard"] if installed("tensorboard") else []
 
 
 def check_trackers(names: Iterable[str]) -> None:

@@ -45,6 +45,25 @@ def run(tmp_path, monkeypatch):
     return run_id, run_dir
 
 
+def test_without_the_trackers_extra_a_run_reports_to_none_by_default_and_refuses_tensorboard(monkeypatch):
+    """tensorboard is the `trackers` extra, not a dependency of every service: where it is missing, the default
+    names no tracker (a run starts) and a run that names it is refused in one line, with how to install it."""
+    import importlib.util
+
+    from services.trainer import trackers
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find_spec(name, *a)
+    )
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # so that importing it fails as on a plain install
+    assert RunConfig().report_to == []
+    with pytest.raises(
+        trackers.TrackerUnavailable, match=r"tensorboard, not installed here: pip install 'bridge-rl\[trackers\]'"
+    ):
+        trackers.check_trackers(RunConfig(report_to="tensorboard").report_to)
+
+
 def test_report_to_in_the_config_file_and_on_the_command_line(tmp_path):
     assert RunConfig().report_to == ["tensorboard"]
     assert RunConfig(report_to="wandb, mlflow,wandb").report_to == ["wandb", "mlflow"]
