@@ -51,7 +51,7 @@ from services.trainer.algo.optim import RoundOptimizers
 from services.trainer.algo.round import train_round
 from services.trainer.models import PolicyModel, RetrieverModel
 from services.trainer.synthetic import sample_search
-from services.trainer.warmstart import search_query
+from services.trainer.warmstart.examples import search_query
 
 ARMS = ("supervised", "target", "credit", "both")
 KS = (3, 10)

@@ -31,16 +31,10 @@ from bench.script import REPO
 from experiments.lower_level import load_corpora
 from services.common.answers import contains_gold
 from services.eval.stats import bootstrap_questions, sign_test
-from services.trainer.reading import answer_as_written, closed_answer
-from services.trainer.sft import token_nll
-from services.trainer.warmstart import (
-    PoolItem,
-    Shown,
-    load_shipped_manifest,
-    search_query,
-    to_example,
-    training_pool,
-)
+from services.policy.shipped import load_shipped_manifest
+from services.trainer.warmstart.examples import PoolItem, Shown, search_query, to_example, training_pool
+from services.trainer.warmstart.reading import answer_as_written, closed_answer
+from services.trainer.warmstart.sft import token_nll
 
 
 def held_out_questions(qa_dir: Path, adapter: Path, hold_out: Path | None) -> list[PoolItem]:

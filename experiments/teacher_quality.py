@@ -35,11 +35,12 @@ from experiments.lower_level import doc_matrix, frozen_warm_start, load_corpora,
 from services.common.answers import contains_gold, label_answer
 from services.eval.split import training_rows
 from services.eval.stats import bootstrap_questions, sign_test
+from services.policy.shipped import SHIPPED_ADAPTERS
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import q_target
 from services.trainer.models import RetrieverModel
-from services.trainer.warmstart import SHIPPED_ADAPTERS, shipped_trained_ids
+from services.trainer.warmstart.adapter import shipped_trained_ids
 
 DISTRIBUTIONS = ("student", "teacher", "posterior")
 BETA_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)

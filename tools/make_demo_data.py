@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from services.eval.split import training_rows
-from services.trainer.warmstart import SHIPPED_ADAPTERS, shipped_trained_ids
+from services.policy.shipped import SHIPPED_ADAPTERS
+from services.trainer.warmstart.adapter import shipped_trained_ids
 
 OUT = Path(__file__).resolve().parents[1] / "services" / "demo_data"
 

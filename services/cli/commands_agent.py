@@ -160,8 +160,8 @@ def evaluate(
     from services.eval.runner import MODES
     from services.eval.runner import evaluate as run_eval
     from services.eval.split import SplitViolation, evaluation_data, refuse_trained_questions
+    from services.policy.shipped import load_shipped_manifest
     from services.trainer.settings import TrainerSettings
-    from services.trainer.warmstart import load_shipped_manifest
 
     settings = TrainerSettings()
     qa = qa_dir or settings.qa_dir

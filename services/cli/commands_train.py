@@ -337,14 +337,10 @@ def warmstart(
     import shlex
 
     from services.common.settings import CommonSettings
+    from services.policy.shipped import SHIPPED_ADAPTERS
     from services.retriever.inprocess import InProcessRetriever
-    from services.trainer.warmstart import (
-        LORA_TARGETS,
-        SHIPPED_ADAPTERS,
-        ReadingRecipe,
-        WarmstartConfig,
-        run_warmstart,
-    )
+    from services.trainer.warmstart.config import LORA_TARGETS, ReadingRecipe, WarmstartConfig
+    from services.trainer.warmstart.run import run_warmstart
 
     settings = CommonSettings()
     out = out or SHIPPED_ADAPTERS[recipe.value]

@@ -105,5 +105,5 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
     if state.status == "done":  # nothing left to read: the group would only hold entries back from trimming
         drop_group(r, source_stream(settings, state.config), run_id)
     # After the save: a tracker that fails is a warning, and one that takes the process down cannot log the row twice
-    log_round(settings.runs_dir / run_id, state.config, row, finished=state.status == "done")
+    log_round(settings.runs_dir / run_id, state.config.model_dump(mode="json"), row, finished=state.status == "done")
     return state.status == "running"

@@ -23,12 +23,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from services.common.checkpoints import write_json_atomic
-
-if TYPE_CHECKING:
-    from services.trainer.run_state import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +104,7 @@ class TensorBoardTracker(Tracker):
     """Event files in `<run>/tensorboard/` (a new file per round, in the same log dir), through torch's
     SummaryWriter: scalars by key, strings as text summaries."""
 
-    def __init__(self, run_dir: Path, config: RunConfig) -> None:
+    def __init__(self, run_dir: Path, config: Mapping[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
@@ -127,13 +124,13 @@ class WandbTracker(Tracker):
     WANDB_MODE is set (an offline run keeps one folder per round: `wandb sync <run>/wandb/offline-run-*` uploads them
     as one run, in order)."""
 
-    def __init__(self, run_dir: Path, config: RunConfig) -> None:
+    def __init__(self, run_dir: Path, config: Mapping[str, Any]) -> None:
         import wandb
 
         self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, id=config.run_id, name=config.run_id,
+            project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, id=config["run_id"], name=config["run_id"],
             dir=run_dir, mode=os.environ.get("WANDB_MODE") or "offline", resume="allow", reinit="create_new",
-            config=config.model_dump(mode="json"),
+            config=dict(config),
             settings=wandb.Settings(console="off", silent=True, disable_git=True, save_code=False),
         )  # fmt: skip
 
@@ -149,7 +146,7 @@ class MlflowTracker(Tracker):
     else of a file store in `<run>/mlruns/`; its id is kept in `<run>/mlflow.json`, by tracking URI. Scalars are
     metrics at the round's step, strings are tags (the latest round's), the run config is its params."""
 
-    def __init__(self, run_dir: Path, config: RunConfig) -> None:
+    def __init__(self, run_dir: Path, config: Mapping[str, Any]) -> None:
         from mlflow.tracking import MlflowClient
 
         uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -161,7 +158,7 @@ class MlflowTracker(Tracker):
         ids = json.loads(ids_path.read_text()) if ids_path.exists() else {}
         self.run_id = ids.get(uri)
         if self.run_id is None:
-            self.run_id = self.client.create_run(self._experiment_id(), run_name=config.run_id).info.run_id
+            self.run_id = self.client.create_run(self._experiment_id(), run_name=config["run_id"]).info.run_id
             write_json_atomic(ids_path, {**ids, uri: self.run_id})
             self._log_params(config)
 
@@ -176,14 +173,14 @@ class MlflowTracker(Tracker):
         except MlflowException:  # another run created it meanwhile
             return self.client.get_experiment_by_name(name).experiment_id
 
-    def _log_params(self, config: RunConfig) -> None:
+    def _log_params(self, config: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
         def flat(data: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:
             for key, value in data.items():
                 yield from flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
 
-        params = [Param(key, str(value)) for key, value in flat(config.model_dump(mode="json")) if value is not None]
+        params = [Param(key, str(value)) for key, value in flat(config) if value is not None]
         self.client.log_batch(self.run_id, params=params)
 
     def log(self, step: int, scalars: dict[str, float], texts: dict[str, str]) -> None:
@@ -201,14 +198,15 @@ class MlflowTracker(Tracker):
 TRACKERS: dict[str, type[Tracker]] = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
-def log_round(run_dir: Path, config: RunConfig, row: Mapping[str, Any], *, finished: bool = False) -> None:
-    """Send a published round's metrics row to every tracker of `config.report_to`, at step `row["round"]`. A
+def log_round(run_dir: Path, config: Mapping[str, Any], row: Mapping[str, Any], *, finished: bool = False) -> None:
+    """Send a published round's metrics row to every tracker of `config["report_to"]`, at step `row["round"]`.
+    `config`: the run config as data (`RunConfig.model_dump(mode="json")`), which W&B and MLflow record. A
     tracker that fails is a warning: the round stands, and its row is in metrics.jsonl."""
-    if not config.report_to:
+    if not config["report_to"]:
         return
     step = int(row["round"])
     scalars, texts = split_row(row)
-    for name in config.report_to:
+    for name in config["report_to"]:
         try:
             tracker = TRACKERS[name](run_dir, config)
             try:
@@ -217,4 +215,4 @@ def log_round(run_dir: Path, config: RunConfig, row: Mapping[str, Any], *, finis
                 tracker.close(finished)
         except Exception as exc:
             log.warning("run %s round %d: not logged to %s (%r); the row is in metrics.jsonl",
-                        config.run_id, step, name, exc)  # fmt: skip
+                        config["run_id"], step, name, exc)  # fmt: skip

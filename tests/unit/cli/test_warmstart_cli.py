@@ -43,7 +43,8 @@ def test_continue_from_and_init_from_are_one_or_the_other(tmp_path, monkeypatch)
 def test_rank_and_lora_targets_reach_the_config(tmp_path, monkeypatch):
     """`--rank` and `--lora-targets` choose the LoRA the run trains (alpha twice the rank); an unknown target set is a
     usage error."""
-    import services.trainer.warmstart as warmstart
+    import services.trainer.warmstart.run as warmstart
+    from services.trainer.warmstart.config import LORA_TARGETS
 
     monkeypatch.setenv("BRIDGE_DATA_DIR", str(tmp_path / "data"))
     seen = {}
@@ -60,6 +61,6 @@ def test_rank_and_lora_targets_reach_the_config(tmp_path, monkeypatch):
     assert (config.lora_rank, config.lora_alpha) == (8, 16)
     assert config.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert CliRunner().invoke(app, args).exit_code == 2 and seen["config"].target_modules == list(
-        warmstart.LORA_TARGETS["all-linear"]
+        LORA_TARGETS["all-linear"]
     )
     assert CliRunner().invoke(app, [*args, "--lora-targets", "everything"]).exit_code == 2

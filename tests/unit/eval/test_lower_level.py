@@ -113,7 +113,8 @@ def test_training_questions_leave_out_what_an_adapter_trained_on(tmp_path):
 
 
 def test_teacher_quality_held_out_of_every_stage_of_the_named_adapters():
-    from services.trainer.warmstart import SHIPPED_ADAPTERS, shipped_trained_ids, verify_adapter
+    from services.policy.shipped import SHIPPED_ADAPTERS, verify_adapter
+    from services.trainer.warmstart.adapter import shipped_trained_ids
 
     data = verify_adapter(SHIPPED_ADAPTERS["reading"])["data"]
     seen = shipped_trained_ids(["reading"])

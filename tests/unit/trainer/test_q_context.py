@@ -8,7 +8,7 @@ from services.common.schemas.policy import SearchStep
 from services.modeling.prompt import format_information
 from services.trainer.algo.batch import answer_prefix, build_batch
 from services.trainer.algo.config import AlgoConfig
-from services.trainer.warmstart import PoolItem, Shown, build_record
+from services.trainer.warmstart.examples import PoolItem, Shown, build_record
 
 DOCS = {
     "g1": ("Night Ferry", "Night Ferry is an orchestral piece by Anna Clyne."),

@@ -11,7 +11,9 @@ from collections import Counter
 
 from services.common.answers import contains_gold, valid_search_r1_sequence
 from services.retriever.inprocess import InProcessRetriever
-from services.trainer.reading import (
+from services.trainer.warmstart.config import ReadingRecipe
+from services.trainer.warmstart.examples import PoolItem, Shown, to_example
+from services.trainer.warmstart.reading import (
     answer_as_written,
     bridge_passages,
     build_reading_examples,
@@ -20,7 +22,6 @@ from services.trainer.reading import (
     reading_target,
     variant_searches,
 )
-from services.trainer.warmstart import PoolItem, ReadingRecipe, Shown, to_example
 
 
 def _item(golds=("Anna Clyne",), support=("g1",), dataset="nq", choice=None) -> PoolItem:

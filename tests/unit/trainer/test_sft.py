@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from services.trainer.device import Placement
-from services.trainer.sft import (
+from services.trainer.warmstart.config import WarmstartConfig
+from services.trainer.warmstart.examples import SFTExample
+from services.trainer.warmstart.sft import (
     SFTState,
     checkpoint_folder,
     lr_factor,
@@ -18,7 +20,6 @@ from services.trainer.sft import (
     training_order,
     weighted_nll,
 )
-from services.trainer.warmstart import SFTExample, WarmstartConfig
 
 CPU = Placement.resolve("cpu", cpu_bf16=False)
 
@@ -121,8 +122,8 @@ def test_a_checkpoint_from_another_plan_is_refused(tmp_path):
 
 
 def test_a_resumed_run_must_keep_its_settings(tmp_path):
-    from services.trainer.sft import write_state_files
-    from services.trainer.warmstart import resumable_config
+    from services.trainer.warmstart.config import resumable_config
+    from services.trainer.warmstart.sft import write_state_files
 
     config = WarmstartConfig(max_minutes=30)
     write_state_files(tmp_path, config, [_example(0)])
@@ -156,7 +157,7 @@ def test_a_restart_warms_up_again_onto_the_schedule_where_it_stands():
 
 
 def test_a_run_continued_from_its_adapter_goes_on_at_its_step_in_the_same_order(tmp_path):
-    from services.trainer.sft import trainable_state
+    from services.trainer.warmstart.sft import trainable_state
 
     groups = [[_example(i, length=10 + i % 5)] for i in range(12)]
     heldout = [_example(99)]

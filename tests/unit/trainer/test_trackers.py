@@ -84,7 +84,7 @@ def test_tensorboard_event_files_hold_every_rounds_scalars(run):
     run_id, run_dir = run
     config = RunConfig(run_id=run_id)  # the default: tensorboard
     for round_index in range(2):  # one writer per round, as rounds publish from any worker: the same log dir
-        log_round(run_dir, config, metrics_row(round_index))
+        log_round(run_dir, config.model_dump(mode="json"), metrics_row(round_index))
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     scalars, texts = split_row(metrics_row(0))
@@ -146,7 +146,7 @@ def test_a_tracker_that_fails_is_a_warning_and_the_others_still_log(run, monkeyp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://nowhere")  # MLflow has no store for it
     config = RunConfig(run_id=run_id, report_to=["mlflow", "tensorboard"])
     with caplog.at_level(logging.WARNING, logger="services.trainer.trackers"):
-        log_round(run_dir, config, metrics_row(3))
+        log_round(run_dir, config.model_dump(mode="json"), metrics_row(3))
     assert f"run {run_id} round 3: not logged to mlflow" in caplog.text
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
@@ -186,7 +186,7 @@ def test_wandb_offline_and_mlflow_hold_the_same_metrics_as_tensorboard(run):
     run_id, run_dir = run
     config = RunConfig(run_id=run_id, rounds=2, report_to=["tensorboard", "wandb", "mlflow"])
     for round_index in range(2):  # round 1 resumes what round 0 opened
-        log_round(run_dir, config, metrics_row(round_index), finished=round_index == 1)
+        log_round(run_dir, config.model_dump(mode="json"), metrics_row(round_index), finished=round_index == 1)
     scalars, _ = split_row(metrics_row(0))
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()

@@ -12,20 +12,18 @@ from services.common.answers import trajectory_text, valid_search_r1_sequence
 from services.eval.split import EVAL_SPLIT, SplitViolation
 from services.modeling.prompt import build_prompt, format_information
 from services.retriever.inprocess import InProcessRetriever
-from services.trainer.warmstart import (
+from services.trainer.warmstart.config import WarmstartConfig
+from services.trainer.warmstart.data import cached_examples, select_items, split_heldout
+from services.trainer.warmstart.examples import (
     PoolItem,
     SFTExample,
     Shown,
-    WarmstartConfig,
     build_examples,
     build_record,
-    cached_examples,
     choose_answer,
     pool_item,
     search_query,
     second_search_target,
-    select_items,
-    split_heldout,
     to_example,
     training_pool,
 )
@@ -206,8 +204,8 @@ def test_a_cached_example_set_is_used_only_for_the_same_draw(tmp_path, tokenizer
 
 
 def test_an_adapters_order_is_recomputed_from_its_manifest_and_its_held_out_kept():
-    from services.trainer.sft import question_key, training_order
-    from services.trainer.warmstart import adapter_seen
+    from services.trainer.warmstart.sft import question_key, training_order
+    from services.trainer.warmstart.stages import adapter_seen
 
     examples = [
         SFTExample(id=f"q{i}", dataset="nq", input_ids=[1, 2, 3], loss_mask=[0, 1, 1], kind="reading", variant=0,
@@ -246,8 +244,8 @@ def test_an_adapters_order_is_recomputed_from_its_manifest_and_its_held_out_kept
 
 
 def test_a_run_that_repeats_its_two_search_variants_continues_from_its_adapter():
-    from services.trainer.sft import question_key, training_order
-    from services.trainer.warmstart import adapter_seen
+    from services.trainer.warmstart.sft import question_key, training_order
+    from services.trainer.warmstart.stages import adapter_seen
 
     examples = [
         SFTExample(id=f"q{i}", dataset="hotpotqa", input_ids=[1, 2, 3], loss_mask=[0, 1, 1], kind="reading",

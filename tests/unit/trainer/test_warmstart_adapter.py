@@ -11,14 +11,8 @@ import pytest
 
 from services.cli.prepare import prepare_warmstart_model
 from services.common.settings import CommonSettings
-from services.eval.split import trained_ids
-from services.trainer.warmstart import (
-    DEFAULT_ADAPTER,
-    DEFAULT_ADAPTER_DIR,
-    EVAL_SPLIT,
-    SHIPPED_ADAPTERS,
-    verify_adapter,
-)
+from services.eval.split import EVAL_SPLIT, trained_ids
+from services.policy.shipped import DEFAULT_ADAPTER, DEFAULT_ADAPTER_DIR, SHIPPED_ADAPTERS, verify_adapter
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_ADAPTERS))
@@ -84,7 +78,8 @@ def test_the_demo_trains_on_questions_neither_evaluated_nor_warm_started(name):
 
 
 def test_the_reading_adapter_continues_only_as_the_run_it_came_from():
-    from services.trainer.warmstart import WarmstartConfig, continuation
+    from services.trainer.warmstart.config import WarmstartConfig
+    from services.trainer.warmstart.stages import continuation
 
     folder = SHIPPED_ADAPTERS["reading"]
     if not folder.exists():
@@ -112,7 +107,7 @@ def test_the_reading_adapter_continues_only_as_the_run_it_came_from():
 
 
 def test_a_new_stage_starts_from_the_adapter_and_keeps_its_held_out_and_its_training_ids():
-    from services.trainer.warmstart import next_stage
+    from services.trainer.warmstart.stages import next_stage
 
     folder = SHIPPED_ADAPTERS["reading"]
     if not folder.exists():
@@ -134,7 +129,7 @@ def test_the_committed_lora_loads_into_the_base_as_it_was_saved(policy_models_ro
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from services.trainer.warmstart import load_adapter_weights
+    from services.trainer.warmstart.adapter import load_adapter_weights
 
     folder = SHIPPED_ADAPTERS[name]
     config = json.loads((folder / "adapter_config.json").read_text())

@@ -10,8 +10,11 @@ from contextlib import asynccontextmanager
 import pytest
 from safetensors.torch import load_file
 
+from services.policy.shipped import verify_adapter
 from services.retriever.inprocess import InProcessRetriever
-from services.trainer.warmstart import ReadingRecipe, WarmstartConfig, continuation, run_warmstart, verify_adapter
+from services.trainer.warmstart.config import ReadingRecipe, WarmstartConfig
+from services.trainer.warmstart.run import run_warmstart
+from services.trainer.warmstart.stages import continuation
 
 pytestmark = pytest.mark.slow  # two short trainings of the 135M policy (about a minute)
 
@@ -98,7 +101,7 @@ def test_a_run_stopped_by_a_signal_still_writes_its_adapter(tmp_path, policy_mod
     """Ctrl-C or SIGTERM mid-run: the checkpoint is written, then the adapter at that step (unfinished), as a
     --max-minutes stop does; --resume goes on from it. The signal is raised where it would land: in the middle of
     the second step (its first example's loss)."""
-    from services.trainer import sft
+    from services.trainer.warmstart import sft
 
     run = _runner(tmp_path, policy_models_root)
     real, calls = sft.weighted_nll, []

@@ -29,7 +29,8 @@ from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
     from services.trainer.device import Placement
-    from services.trainer.warmstart import SFTExample, WarmstartConfig
+    from services.trainer.warmstart.config import WarmstartConfig
+    from services.trainer.warmstart.examples import SFTExample
 
 CHECKPOINT = "checkpoint"
 STATE_FILE = "state.json"

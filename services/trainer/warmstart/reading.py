@@ -31,13 +31,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.common.answers import contains_gold, label_answer
-from services.trainer.warmstart import (
+from services.trainer.warmstart.config import ReadingRecipe
+from services.trainer.warmstart.examples import (
     PoolItem,
-    ReadingRecipe,
     SFTExample,
     Shown,
     WarmstartRetriever,
-    _shown,
     build_examples,
     search_query,
     to_example,
@@ -165,14 +164,14 @@ async def build_reading_examples(
             wanted = list(titles.items())
             response = await retriever.search([t for _, t in wanted], top_k=recipe.passages, candidates=recipe.passages)
             for (n, title), result in zip(wanted, response.results, strict=True):
-                shown = _shown(title, result)
+                shown = Shown.of(title, result)
                 support = [d for d in shown.docs if d[0] in chunk[n].supporting_doc_ids]
                 if support and (closed_answer(chunk[n]) or reading_target(chunk[n], support) is not None):
                     seconds[n] = shown
         for n, (item, query, result) in enumerate(zip(chunk, queries, ranked.results, strict=True)):
             if n not in golds:
                 continue
-            distractors = hard_distractors(item, _shown(query, result), closed_answer(item))
+            distractors = hard_distractors(item, Shown.of(query, result), closed_answer(item))
             for v in range(recipe.variants):
                 rng = random.Random(f"{seed}:{item.dataset}:{item.id}:{v}")
                 built = variant_searches(query, golds[n], distractors, recipe, rng, seconds.get(n), bridges.get(n, ()))
