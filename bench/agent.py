@@ -48,7 +48,7 @@ from services.common.checkpoints import publish_checkpoint, staging_dir
 from services.common.clients.retriever import RetrieverClient
 from services.common.registry import BASE_VERSION
 from services.common.stats import percentile
-from services.policy.shipped import DEFAULT_ADAPTER_DIR
+from services.modeling.shipped import DEFAULT_ADAPTER_DIR
 from tests.conftest import RunningService, policy_env, start_service, stop_service
 
 

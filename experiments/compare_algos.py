@@ -25,9 +25,9 @@ from pathlib import Path
 from bench.script import DEMO_DATA as DEMO
 from bench.script import RESULTS
 from services.common.checkpoints import write_json_atomic
-from services.eval.datasets import EvalItem, load_items
+from services.data.datasets import EvalItem, load_items
+from services.data.split import EVAL_SPLIT
 from services.eval.scoring import ItemResult, summarize
-from services.eval.split import EVAL_SPLIT
 
 ALGOS = ("search-r1", "retriever-only", "alt-rp", "alt-pr", "joint", "bridge")
 
@@ -51,7 +51,7 @@ BUDGETS = {
 
 
 def split(qa_file: Path, eval_questions: int, out: Path) -> tuple[Path, list[EvalItem]]:
-    """The split rule (services/eval/split.py): evaluation on the first `eval_questions` of the file's evaluation
+    """The split rule (services/data/split.py): evaluation on the first `eval_questions` of the file's evaluation
     split (its first EVAL_SPLIT lines), training only on the lines after that split (its own qa dir)."""
     lines = [line for line in qa_file.read_text().splitlines() if line.strip()]
     if qa_file.stem.endswith("_train"):
@@ -61,7 +61,7 @@ def split(qa_file: Path, eval_questions: int, out: Path) -> tuple[Path, list[Eva
     if len(lines) <= EVAL_SPLIT:
         raise SystemExit(f"{qa_file} has {len(lines)} questions: none after its {EVAL_SPLIT}-question evaluation split")
     train_dir, eval_dir = out / "qa" / "train", out / "qa" / "eval"
-    # The training side is a `_train` file: training reads all of it (services/eval/split.py).
+    # The training side is a `_train` file: training reads all of it (services/data/split.py).
     for file, rows in ((train_dir / "compare_train.jsonl", lines[EVAL_SPLIT:]),
                        (eval_dir / "compare.jsonl", lines[:eval_questions])):  # fmt: skip
         file.parent.mkdir(parents=True, exist_ok=True)

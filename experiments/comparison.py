@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from experiments.collect_runs import ARMS, MANIFEST, RunManifest
-from services.eval.split import EVAL_SPLIT
+from services.data.split import EVAL_SPLIT
 from services.trainer.config_file import merge, to_toml
 from services.trainer.run_state import RunConfig
 
@@ -141,7 +141,7 @@ def plan(args: argparse.Namespace, config: ComparisonConfig) -> list[str]:
 def merged_training_pool(qa_dir: Path, datasets: list[str], out_dir: Path) -> tuple[Path, str]:
     """The training pools of `datasets` (never their evaluation splits) as one `<TRAIN_DATASET>_train.jsonl`,
     round-robin over the datasets, ids prefixed with the dataset; returns (its folder, its sha256)."""
-    from services.eval.split import training_rows
+    from services.data.split import training_rows
 
     pools = [[{**row, "id": f"{d}/{row['id']}", "dataset": d} for _, row in training_rows(qa_dir, d)]
              for d in datasets]  # fmt: skip
@@ -255,7 +255,7 @@ def run(args: argparse.Namespace, config: ComparisonConfig) -> RunManifest:
     from services.common.checkpoints import write_json_atomic
     from services.common.clients.retriever import RetrieverClient
     from services.common.settings import CommonSettings
-    from services.eval.datasets import load_items
+    from services.data.datasets import load_items
 
     settings = config.comparison
     run_config = config.run_config(args.arm, args.seed)

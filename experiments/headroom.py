@@ -1,6 +1,6 @@
 """Headroom: how much a better retriever could add, per dataset whose questions name supporting passages.
 
-On the evaluation split (the first EVAL_SPLIT questions of each file, services/eval/split.py), per dataset:
+On the evaluation split (the first EVAL_SPLIT questions of each file, services/data/split.py), per dataset:
 - EM / F1 of `agent` and of `oracle` (the agent shown the question's supporting passages as its first
   <information> block), read from `bridge-rl eval` results (results.jsonl), paired per question; the EM gap
   oracle - agent is what better evidence is worth to this policy, with the exact paired sign test
@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from services.common.checkpoints import write_json_atomic
-from services.eval.datasets import EvalItem, available, load_items
+from services.data.datasets import EvalItem, available, load_items
+from services.data.split import EVAL_SPLIT
 from services.eval.report import read_results
 from services.eval.scoring import ItemResult, support_recall
-from services.eval.split import EVAL_SPLIT
 from services.eval.stats import sign_test
 
 KS = (3, 10)

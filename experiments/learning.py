@@ -4,7 +4,7 @@ Starts the embedded stack (Redis, retriever, vLLM policy, a Celery worker) on `-
 `--corpus` (unchanged passages are skipped, so a second run re-embeds nothing), evaluates the start on the
 evaluation split (the first `--eval-questions` of each `--eval-datasets` file), then for each algorithm puts both
 services back on `base` (the merged warm start and the base encoder), trains `--rounds` rounds on the training
-pool of `--train-dataset` (services/eval/split.py: never the evaluation split)
+pool of `--train-dataset` (services/data/split.py: never the evaluation split)
 and evaluates what it published on the same questions.
 
 Reports, per algorithm: the training reward per round (every trajectory of the round's first collection), the mean
@@ -32,9 +32,9 @@ from pathlib import Path
 from experiments.compare_algos import reset_to_base, run_rounds
 from services.common.checkpoints import write_json_atomic
 from services.common.schemas.policy import TrajectoryRecord
-from services.eval.datasets import GROUP_OF, load_items
+from services.data.datasets import GROUP_OF, load_items
+from services.data.split import EVAL_SPLIT
 from services.eval.scoring import ItemResult
-from services.eval.split import EVAL_SPLIT
 from services.eval.stats import bootstrap_mean_diff, sign_test
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.run_state import RunConfig

@@ -37,8 +37,8 @@ from experiments.learning import (
 )
 from services.common.checkpoints import write_json_atomic
 from services.common.hardware import parse_cpu_list
-from services.eval.datasets import load_items
-from services.eval.split import training_rows
+from services.data.datasets import load_items
+from services.data.split import training_rows
 from services.eval.stats import bootstrap_mean_diff
 
 

@@ -41,8 +41,8 @@ from tqdm import tqdm
 from bench.script import REPO, prepare_models
 from services.common.answers import contains_gold, exact_match, extract_answer, label_answer
 from services.common.schemas.policy import TrajectoryRecord, TurnRecord
+from services.data.split import EVAL_SPLIT, training_rows
 from services.eval.scoring import support_recall
-from services.eval.split import EVAL_SPLIT, training_rows
 from services.eval.stats import sign_test
 from services.modeling.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, parse_search
 from services.trainer.algo.batch import build_batch

@@ -10,8 +10,8 @@ evidence is worth to the policy: a policy that reads scores y* far higher with t
 the gap's mean with a 95 % bootstrap interval over questions.
 
     python -m experiments.reading_gap --qa-dir ../shared/data/qa --corpus-dir ../shared/data/corpus \
-        --policy base= --policy warmstart=services/policy/warmstart_adapter \
-        --policy reading=services/policy/reading_adapter --out docs/results/reading-gap
+        --policy base= --policy warmstart=services/modeling/adapters/protocol \
+        --policy reading=services/modeling/adapters/reading --out docs/results/reading-gap
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from bench.script import REPO
 from experiments.lower_level import load_corpora
 from services.common.answers import contains_gold
 from services.eval.stats import bootstrap_questions, sign_test
-from services.policy.shipped import load_shipped_manifest
+from services.modeling.shipped import load_shipped_manifest
 from services.trainer.warmstart.examples import PoolItem, Shown, search_query, to_example, training_pool
 from services.trainer.warmstart.reading import answer_as_written, closed_answer
 from services.trainer.warmstart.sft import token_nll
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument(
         "--questions-from",
         type=Path,
-        default=REPO / "services" / "policy" / "reading_adapter",
+        default=REPO / "services" / "modeling" / "adapters" / "reading",
         help="An adapter whose manifest names the held-out questions.",
     )
     parser.add_argument("--hold-out", type=Path, default=REPO / "configs" / "warmstart" / "teacher-questions.txt")

@@ -33,9 +33,9 @@ from tqdm import tqdm
 from bench.script import REPO
 from experiments.lower_level import doc_matrix, frozen_warm_start, load_corpora, rollouts, supporting, train_questions
 from services.common.answers import contains_gold, label_answer
-from services.eval.split import training_rows
+from services.data.split import training_rows
 from services.eval.stats import bootstrap_questions, sign_test
-from services.policy.shipped import SHIPPED_ADAPTERS
+from services.modeling.shipped import SHIPPED_ADAPTERS
 from services.trainer.algo.batch import build_batch
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.algo.losses import q_target

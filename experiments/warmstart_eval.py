@@ -190,9 +190,9 @@ def in_process(
     out: Annotated[Path | None, typer.Option(help="Write per-question rows and the summary here (JSON).")] = None,
 ) -> None:
     """Agent mode, scaffold off, greedy: answered share, well-formed searches, EM/F1 per dataset."""
-    from services.eval.datasets import load_items
-    from services.eval.split import refuse_trained_questions
-    from services.policy.shipped import load_shipped_manifest
+    from services.data.datasets import load_items
+    from services.data.split import refuse_trained_questions
+    from services.modeling.shipped import load_shipped_manifest
 
     names = [d.strip() for d in datasets.split(",") if d.strip()]
     items = [i for d in names for i in load_items(qa_dir, d, limit)]
@@ -232,7 +232,7 @@ def plot_loss(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from services.policy.shipped import SHIPPED_ADAPTERS, verify_adapter
+    from services.modeling.shipped import SHIPPED_ADAPTERS, verify_adapter
 
     manifest = verify_adapter(SHIPPED_ADAPTERS.get(adapter, Path(adapter)))
     training = manifest["training"]
@@ -299,7 +299,7 @@ def plot_reading(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from services.policy.shipped import SHIPPED_ADAPTERS, verify_adapter
+    from services.modeling.shipped import SHIPPED_ADAPTERS, verify_adapter
 
     training = verify_adapter(SHIPPED_ADAPTERS.get(adapter, Path(adapter)))["training"]
     held = [(training_tokens(training, h) / 1e6, h["answer_loss"]) for h in training["heldout_loss"]]

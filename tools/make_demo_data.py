@@ -1,7 +1,7 @@
 """Builds the demo corpus and questions that ship in the repo (a user's clone has no ../shared).
 
 HotpotQA only: CC BY-SA 4.0, which allows redistribution with attribution under the same licence. The questions
-come from the training pool (after the evaluation split, services/eval/split.py) and leave out those any shipped
+come from the training pool (after the evaluation split, services/data/split.py) and leave out those any shipped
 warm-start adapter trained on (every stage of each), so the demo trains on questions the policy has not seen. The
 corpus is the 10 context passages (supporting and distractor) of each, and of the first `corpus_questions` pool
 questions besides, so that retrieval has distractors from other questions as well.
@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from services.eval.split import training_rows
-from services.policy.shipped import SHIPPED_ADAPTERS
+from services.data.split import training_rows
+from services.modeling.shipped import SHIPPED_ADAPTERS
 from services.trainer.warmstart.adapter import shipped_trained_ids
 
 OUT = Path(__file__).resolve().parents[1] / "services" / "demo_data"

@@ -1,4 +1,4 @@
-"""HAProxy in front of a service's replicas (issue 42): one address, health-checked on /readyz, with retries.
+"""HAProxy in front of a service's replicas: one address, health-checked on /readyz, with retries.
 
 A replica that is down (a refused connection) or out of rotation (a 503: behind its group's checkpoint version,
 services/common/replicas.py) gets no new requests once its check fails, and a request it refuses before that is

@@ -10,6 +10,7 @@ import typer
 
 from services.cli.admin import POLICY_URL, POLICY_URL_ENV, RETRIEVER_URL, RETRIEVER_URL_ENV, Token, admin_token
 from services.cli.app import app
+from services.common.schemas.retriever import DEFAULT_TOP_K, MAX_AGENT_TOP_K
 
 
 class AgentModeName(StrEnum):
@@ -25,7 +26,7 @@ def ask(
     question: Annotated[str, typer.Argument(help="The question to answer.")],
     url: Annotated[str, typer.Option(help="Policy service base URL.")] = "http://127.0.0.1:8000",
     max_turns: Annotated[int, typer.Option(min=0, max=8, help="Searches allowed before the final answer.")] = 4,
-    top_k: Annotated[int, typer.Option(min=1, max=10, help="Documents per search.")] = 3,
+    top_k: Annotated[int, typer.Option(min=1, max=MAX_AGENT_TOP_K, help="Documents per search.")] = DEFAULT_TOP_K,
     mode: Annotated[
         AgentModeName, typer.Option(help="agent, naive-rag (one search, then the answer) or direct (no search).")
     ] = AgentModeName.agent,
@@ -126,7 +127,9 @@ def evaluate(
     out: Annotated[Path | None, typer.Option(help="Output folder (default <BRIDGE_DATA_DIR>/eval/<time>).")] = None,
     concurrency: Annotated[int, typer.Option(min=1, max=256, help="Questions in flight.")] = 16,
     max_turns: Annotated[int, typer.Option(min=0, max=8, help="Agent: searches before the final answer.")] = 4,
-    top_k: Annotated[int, typer.Option(min=1, max=10, help="Documents per search (the k of recall@k).")] = 3,
+    top_k: Annotated[
+        int, typer.Option(min=1, max=MAX_AGENT_TOP_K, help="Documents per search (the k of recall@k).")
+    ] = DEFAULT_TOP_K,
     api_key: Annotated[str | None, typer.Option(envvar="BRIDGE_API_KEY", help="Agent API key, if required.")] = None,
     resume: Annotated[
         bool, typer.Option(help="Keep what <out>/results.jsonl already holds and ask only the rest (needs --out).")
@@ -153,14 +156,14 @@ def evaluate(
     from services.common.clients.policy import PolicyClient
     from services.common.clients.retriever import RetrieverClient
     from services.common.schemas.policy import ORACLE_MODES
-    from services.eval.data_files import DataFileError
-    from services.eval.datasets import items_from_rows, load_items, resolve
+    from services.data.datasets import items_from_rows, load_items, resolve
+    from services.data.files import DataFileError
+    from services.data.split import SplitViolation, evaluation_data, refuse_trained_questions
     from services.eval.pinning import pinned
     from services.eval.report import read_results, write_report
     from services.eval.runner import MODES
     from services.eval.runner import evaluate as run_eval
-    from services.eval.split import SplitViolation, evaluation_data, refuse_trained_questions
-    from services.policy.shipped import load_shipped_manifest
+    from services.modeling.shipped import load_shipped_manifest
     from services.trainer.settings import TrainerSettings
 
     settings = TrainerSettings()

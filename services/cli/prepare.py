@@ -75,7 +75,7 @@ def prepare_warmstart_model(final: Path, base: Path, adapter: Path | None = None
     (bf16). Skipped when `final` holds a merge of this same adapter (its manifest's sha256s); re-merged when the
     adapter changed, so a data dir prepared with an earlier default gets the new one."""
     from services.common.checkpoints import MANIFEST
-    from services.policy.shipped import DEFAULT_ADAPTER_DIR, verify_adapter
+    from services.modeling.shipped import DEFAULT_ADAPTER_DIR, verify_adapter
 
     adapter = adapter or DEFAULT_ADAPTER_DIR
     manifest = verify_adapter(adapter)
@@ -109,7 +109,7 @@ def prepare_all(settings: CommonSettings, policy: bool = True, adapters: list[st
                 settings.base_policy_model_dir,
             )
         )
-        from services.policy.shipped import DEFAULT_ADAPTER, SHIPPED_ADAPTERS
+        from services.modeling.shipped import DEFAULT_ADAPTER, SHIPPED_ADAPTERS
 
         steps.append(
             (

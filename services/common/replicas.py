@@ -1,4 +1,4 @@
-"""Replicas of one service that hot-swap as one (issue 42), through the Redis the stack already runs.
+"""Replicas of one service that hot-swap as one, through the Redis the stack already runs.
 
 A checkpoint registered at any replica is registered at every replica. An activation posted to any replica (the
 load balancer picks one) is a two-phase swap that replica coordinates:

@@ -19,7 +19,7 @@ DEFAULT_DATA_DIR = Path.home() / ".bridge"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 RETRIEVER_MODEL_NAME = "all-MiniLM-L6-v2"
 POLICY_MODEL_NAME = "SmolLM2-135M-Instruct"
-# The base merged with the default shipped LoRA (services/policy/reading_adapter/), written by `prepare`.
+# The base merged with the default shipped LoRA (services/modeling/adapters/reading/), written by `prepare`.
 WARMSTART_MODEL_NAME = "SmolLM2-135M-Instruct-warmstart"
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A continuous evaluation metric (issue 29): the policy's teacher-forced log-probability of the gold answer.
+"""A continuous evaluation metric: the policy's teacher-forced log-probability of the gold answer.
 
 For each evaluated question, take the greedy trajectory the policy produced (its prompt, its searches and the
 passages it was shown) up to where it opened its answer, append ` <gold> </answer>`, and score the gold answer's

@@ -11,7 +11,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from tqdm import tqdm
 
 from services.common.schemas.policy import ORACLE_MODES, AgentMode, AgentQueryRequest, AgentQueryResponse
-from services.eval.datasets import EvalItem
+from services.common.schemas.retriever import DEFAULT_TOP_K
+from services.data.datasets import EvalItem
 from services.eval.scoring import ItemResult, answer_scores, cover_score, support_recall
 
 MODES: tuple[AgentMode, ...] = ("direct", "naive-rag", "agent")  # the default; `oracle` is asked for by name
@@ -74,7 +75,7 @@ async def evaluate(
     *,
     concurrency: int = 16,
     max_turns: int = 4,
-    top_k: int = 3,
+    top_k: int = DEFAULT_TOP_K,
     timeout_s: float = 900,
     headers: dict[str, str] | None = None,
     progress: bool = True,

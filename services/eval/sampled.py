@@ -1,4 +1,4 @@
-"""K sampled answers per question (issue 29): a less noisy evaluation than one greedy answer.
+"""K sampled answers per question: a less noisy evaluation than one greedy answer.
 
 Greedy EM@1 is a 0/1 per question, so two checkpoints that differ a little share most of their answers and a run's
 score moves by whole questions. Sampling K answers per question at the rollout temperature and averaging their EM
@@ -16,7 +16,8 @@ from pathlib import Path
 from pydantic import BaseModel
 from tqdm import tqdm
 
-from services.eval.datasets import EvalItem
+from services.common.schemas.retriever import DEFAULT_TOP_K
+from services.data.datasets import EvalItem
 from services.eval.scoring import ItemResult, answer_scores
 
 
@@ -116,7 +117,7 @@ def sample_answers(
     retrieval_temperature: float = 0.05,
     seed: int = 0,
     max_turns: int = 2,
-    top_k: int = 3,
+    top_k: int = DEFAULT_TOP_K,
     per_request: int = 64,
     progress: bool = True,
     on_result: Callable[[SampleResult], None] | None = None,

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from services.common.answers import choice_match, cover_match, exact_match, f1_score
 from services.common.stats import percentile
-from services.eval.datasets import GROUP_OF, EvalItem
+from services.data.datasets import GROUP_OF, EvalItem
 
 
 class ItemResult(BaseModel):

@@ -76,7 +76,7 @@ def sign_test(before: Sequence[float], after: Sequence[float]) -> SignTest:
     return SignTest(better=better, worse=worse, ties=ties, p=p)
 
 
-# Issue 29: the training seed as the unit. Each seed gives one paired difference (arm - search-r1 from the same
+# The training seed as the unit. Each seed gives one paired difference (arm - search-r1 from the same
 # start, averaged over the evaluation questions); the tests below run across seeds, the bootstrap within one.
 
 

@@ -11,9 +11,8 @@ from safetensors import SafetensorError, safe_open
 from services.common.checkpoints import Manifest
 from services.common.errors import InvalidRequest
 from services.common.registry import CheckpointEntry, CheckpointRegistry, VersionTable, WeightsLoader
+from services.modeling.shipped import ADAPTER_FILES
 from services.policy.backends.engine import BASE_ADAPTER, Engine
-
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
 
 def check_adapter_files(folder: Path) -> None:

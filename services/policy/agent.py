@@ -17,14 +17,14 @@ from services.common.answers import extract_answer
 from services.common.clients.retriever import AsyncRetrieverClient
 from services.common.schemas.agent_events import DeltaEvent, DocumentsEvent, RetrievedDoc, SearchEvent
 from services.common.schemas.policy import SearchStep, TrajectoryRecord, TurnRecord
-from services.common.schemas.retriever import Document
+from services.common.schemas.retriever import DEFAULT_TOP_K, Document
 from services.modeling.prompt import ANSWER_STOP, SEARCH_STOP, build_prompt, format_information, parse_search
 from services.policy.backends.engine import Engine, SamplingSpec
 
 
 @dataclass(frozen=True)
 class RetrievalSpec:
-    top_k: int = 3
+    top_k: int = DEFAULT_TOP_K
     mode: str = "greedy"  # "sample" in training rollouts
     candidates: int = 20
     temperature: float = 1.0

@@ -1,7 +1,7 @@
 """Serving a trained LoRA at base speed: merged into the weights, one weight set in the engine at a time.
 
 vLLM's CPU LoRA path runs the adapter as extra matmuls on every token and served a trained checkpoint ~7x slower
-than the base (0.4 vs 3 questions/s in evaluation, issue 14). Merged, a checkpoint is a plain model: the same
+than the base (0.4 vs 3 questions/s in evaluation). Merged, a checkpoint is a plain model: the same
 kernels as the base. The cost moves to the swap: a version's merge is written once, when it is registered
 (seconds for SmolLM2), and the engine reloads weights in place (`reload_weights`) when the version it serves
 changes.

@@ -46,9 +46,8 @@ class PolicySettings(CommonSettings):
     vllm_args: str = Field("", description="Extra command-line arguments for the vLLM server.")
     vllm_enforce_eager: bool = Field(
         False,
-        description="vLLM --enforce-eager: run the model without torch.compile (and CUDA graphs). Measured on 2 EPYC "
-        "cores (bench/engine_start.py): starts in 42 s instead of 60 (75 on a new compile cache), generates 8 % fewer "
-        "tokens/s at concurrency 32. For short-lived services; engines that do not compile start at once.",
+        description="vLLM --enforce-eager: run the model without torch.compile (and CUDA graphs): a faster start, "
+        "fewer tokens/s (docs/deployment.md, `python -m bench.engine_start`). For short-lived services.",
     )
     vllm_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM --gpu-memory-utilization (on CPU: a RAM share, not the fixed KV size)."

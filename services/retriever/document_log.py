@@ -1,4 +1,4 @@
-"""Document writes shared by a replica group's embedded indexes (issue 42), through a Redis stream.
+"""Document writes shared by a replica group's embedded indexes, through a Redis stream.
 
 The embedded index (Qdrant Edge) is opened by one process, so each replica of the embedded default keeps its own.
 A write posted to any replica (an upsert batch, a delete) is appended to the group's stream

@@ -24,7 +24,7 @@ class RetrieverSettings(CommonSettings):
     alias: str = Field("bridge-docs", description="Qdrant alias of the live collection (flipped by a re-index).")
     hnsw_ef: int = Field(256, ge=8, le=4096, description="HNSW beam width; 256 keeps recall@10 >= 0.99 of exact.")
     max_length: int = Field(256, ge=8, le=512, description="Token cap per passage and query.")
-    encode_batch_size: int = Field(16, ge=1, le=1024, description="Small batches pad less (measured best: 8-16).")
+    encode_batch_size: int = Field(16, ge=1, le=1024, description="Texts per encoder forward: small batches pad less.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="Serving precision. auto: bf16 where the CPU has native bf16 (~2x faster than fp32 there), "
@@ -64,8 +64,8 @@ class RetrieverSettings(CommonSettings):
         ge=1_000,
         le=1_000_000,
         description="Characters of all queries of one search together (400 above): the one search thread serves "
-        "every caller, and 256 queries of 2,000 characters held it for 49 s on 2 cores. 128,000 is 256 queries of "
-        "500, above what a training round's searches hold.",
+        "every caller, so one request must not hold it for long. 128,000 is 256 queries of 500, above what a "
+        "training round's searches hold (docs/operations.md).",
     )
     batch_max_wait_ms: float = Field(
         5.0,

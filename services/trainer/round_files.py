@@ -14,8 +14,8 @@ import redis
 
 from services.common.clients.policy import PolicyClient
 from services.common.schemas.policy import ServingConfig
-from services.eval.data_files import DataRows
-from services.eval.split import training_data
+from services.data.files import DataRows
+from services.data.split import training_data, training_questions
 from services.trainer.config_file import to_toml
 from services.trainer.rollout import (
     ensure_group,
@@ -76,7 +76,7 @@ def start_run(settings: TrainerSettings, config: RunConfig, data: DataRows | Non
         if config.data is not None:
             data = data or training_data(config.data, settings.qa_dir)
         else:
-            settings.training_questions(config.dataset)
+            pool_questions(settings, config.dataset)
     folder.mkdir(parents=True, exist_ok=True)
     if data is not None and config.data is not None:
         write_questions(folder / QUESTIONS, data.rows)
@@ -107,11 +107,19 @@ def write_questions(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def pool_questions(settings: TrainerSettings, dataset: str) -> list[dict]:
+    """The dataset's training-pool questions, from the workers' question folder (never its evaluation split)."""
+    try:
+        return training_questions(settings.qa_dir, dataset)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc} (set BRIDGE_TRAINER_QA_DIR)") from exc
+
+
 def run_questions(settings: TrainerSettings, config: RunConfig) -> list[dict]:
     """The training questions of a run: <run>/questions.jsonl for a run on its own data, else the dataset's
     training pool."""
     if config.data is None:
-        return settings.training_questions(config.dataset)
+        return pool_questions(settings, config.dataset)
     with (settings.runs_dir / config.run_id / QUESTIONS).open() as fh:
         return [json.loads(line) for line in fh if line.strip()]
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.common.checkpoints import write_json_atomic
+from services.common.schemas.retriever import DEFAULT_TOP_K, MAX_AGENT_TOP_K
 from services.trainer.algo.config import PAPER_GAMMA, AlgoConfig
 from services.trainer.trackers import TrackerName, default_trackers, tracker_names
 
@@ -48,7 +49,7 @@ class RunConfig(BaseModel):
     rollout_temperature: float = Field(1.0, gt=0, description="Decoding temperature of rollouts.")
     retrieval_temperature: float = Field(0.05, gt=0, description="Rollouts' retrieval: softmax(score / T) over M.")
     candidates: int = Field(20, ge=2, le=200, description="M: candidates a rollout's retrieval samples from.")
-    top_k: int = Field(3, ge=1, le=10, description="Documents shown per search.")
+    top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_AGENT_TOP_K, description="Documents shown per search.")
     initial_search: bool | None = Field(
         None,
         description="Rollouts retrieve with the question before the first turn (the serving scaffold for small "

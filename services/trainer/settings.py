@@ -8,7 +8,6 @@ from pydantic_settings import SettingsConfigDict
 
 from services.common.hardware import parse_cpu_list
 from services.common.settings import CommonSettings
-from services.eval.split import training_rows
 
 DEMO_QA_DIR = Path(__file__).resolve().parents[1] / "demo_data"
 
@@ -126,10 +125,3 @@ class TrainerSettings(CommonSettings):
                 f"in {self.admin_token_file}; none is there)"
             )
         return token
-
-    def training_questions(self, dataset: str) -> list[dict]:
-        """The dataset's training-pool questions (never its evaluation split: services/eval/split.py)."""
-        try:
-            return [row for _, row in training_rows(self.qa_dir, dataset)]
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{exc} (set BRIDGE_TRAINER_QA_DIR)") from exc

@@ -22,7 +22,7 @@ import pytest
 from services.common.clients.retriever import RetrieverClient
 from services.common.schemas.policy import AgentQueryResponse, TrajectoryRecord
 from services.common.schemas.retriever import Document
-from services.eval.datasets import EvalItem, row_fields
+from services.data.datasets import EvalItem, row_fields
 from services.eval.runner import request_for, score
 from services.modeling.prompt import format_information
 from services.policy.backends.engine import Engine, Generation, SamplingSpec

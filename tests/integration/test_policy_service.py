@@ -417,7 +417,7 @@ def test_bridge_rl_eval_pins_a_version_and_writes_results(policy, tmp_path):
     assert registered.status_code == 200, registered.text
     before = httpx.get(policy.url + "/v1/checkpoints").json()["active"]
     out, qa_dir = tmp_path / "eval", tmp_path / "qa"
-    qa_dir.mkdir()  # an evaluation file of two questions (the demo set is training-only: services/eval/split.py)
+    qa_dir.mkdir()  # an evaluation file of two questions (the demo set is training-only: services/data/split.py)
     (qa_dir / "hotpotqa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[:2]))
     run = subprocess.run(
         [sys.executable, "-m", "services.cli.main", "eval", "--dataset", "hotpotqa", "--limit", "2",

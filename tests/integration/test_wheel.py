@@ -32,7 +32,7 @@ RUNTIME_CHECK = textwrap.dedent(
     from services.cli.demo import DEMO
     from services.console.routes.pages import STATIC
     from services.trainer.settings import DEMO_QA_DIR
-    from services.policy.shipped import SHIPPED_ADAPTERS, verify_adapter
+    from services.modeling.shipped import SHIPPED_ADAPTERS, verify_adapter
 
     venv = Path(sys.prefix).resolve()
     assert Path(services.__file__).resolve().is_relative_to(venv), services.__file__

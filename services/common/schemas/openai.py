@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.schemas.policy import MAX_QUESTION_CHARS, MAX_TURNS, AgentQueryRequest, QuestionMode
+from services.common.schemas.retriever import DEFAULT_TOP_K, MAX_AGENT_TOP_K
 
 ACTIVE_MODEL = "bridge"  # `model` alias for whichever policy version is active
 
@@ -57,7 +58,7 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="One answer per request.")
     max_turns: int = Field(4, ge=0, le=MAX_TURNS, description="Agent: searches allowed before the final answer.")
-    top_k: int = Field(3, ge=1, le=10, description="Agent: documents per search.")
+    top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_AGENT_TOP_K, description="Agent: documents per search.")
     mode: QuestionMode = Field("agent", description="agent, naive-rag or direct (as on /v1/agent/query).")
 
     @model_validator(mode="after")

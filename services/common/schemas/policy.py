@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from services.common.schemas.retriever import DEFAULT_TOP_K, MAX_AGENT_TOP_K
+
 MAX_QUESTION_CHARS = 2_000
 MAX_TURNS = 8
 MAX_ROLLOUT_ITEMS = 64
@@ -32,7 +34,7 @@ RewardKind = Literal["em", "f1", "em-format"]
 class AgentQueryRequest(Strict):
     question: Question
     max_turns: int = Field(4, ge=0, le=MAX_TURNS, description="Searches allowed before the final answer turn.")
-    top_k: int = Field(3, ge=1, le=10)
+    top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_AGENT_TOP_K)
     mode: AgentMode = Field(
         "agent",
         description="agent: the Search-R1 loop; naive-rag: one retrieval with the question, then the answer "
@@ -102,7 +104,7 @@ class RolloutRequest(Strict):
     temperature: float = Field(1.0, gt=0.0, le=5.0)
     seed: int | None = Field(0, ge=0, le=2**31 - 1)
     max_turns: int = Field(4, ge=0, le=MAX_TURNS)
-    top_k: int = Field(3, ge=1, le=10)
+    top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_AGENT_TOP_K)
     candidates: int = Field(20, ge=1, le=200, description="M for sampled retrieval.")
     retrieval_temperature: float = Field(0.05, gt=0.0, le=100.0)
     run_id: Annotated[str, StringConstraints(max_length=128)] | None = None

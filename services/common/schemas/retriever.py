@@ -8,6 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 MAX_QUERIES = 256
 MAX_QUERY_CHARS = 2_000
+# Passages per search: 3 by default wherever a search is made (serving, rollouts, runs, the warm start, evaluation:
+# the k of recall@k), at most 10 where the agent reads them (its context), at most MAX_TOP_K from /v1/search.
+DEFAULT_TOP_K = 3
+MAX_AGENT_TOP_K = 10
 MAX_TOP_K = 50
 MAX_CANDIDATES = 200
 MAX_DOCUMENTS = 1_024
@@ -23,7 +27,7 @@ class Strict(BaseModel):
 
 class SearchRequest(Strict):
     queries: list[QueryText] = Field(min_length=1, max_length=MAX_QUERIES)
-    top_k: int = Field(3, ge=1, le=MAX_TOP_K)
+    top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_TOP_K)
     mode: Literal["greedy", "sample"] = "greedy"
     candidates: int = Field(20, ge=1, le=MAX_CANDIDATES, description="M: how many candidates p_phi covers.")
     temperature: float = Field(1.0, gt=0.0, le=100.0, description="Softmax temperature over candidate scores.")
@@ -113,5 +117,5 @@ class RetrieveRequest(Strict):
     """Search-R1's retrieval-server body."""
 
     queries: list[QueryText] = Field(min_length=1, max_length=MAX_QUERIES)
-    topk: int = Field(3, ge=1, le=MAX_TOP_K)
+    topk: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_TOP_K)
     return_scores: bool = False

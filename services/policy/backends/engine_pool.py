@@ -1,4 +1,4 @@
-"""Several engine copies behind the one Engine interface (issue 42): data parallelism for the policy service.
+"""Several engine copies behind the one Engine interface: data parallelism for the policy service.
 
 A generation goes to the copy with the fewest generations in flight (the first such copy in order, so a quiet
 service uses copy 0). What changes the served model changes every copy before it returns: an adapter is loaded

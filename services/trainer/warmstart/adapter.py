@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from services.common.checkpoints import MANIFEST, sha256_file
-from services.eval.split import trained_ids
-from services.policy.adapters import ADAPTER_FILES
-from services.policy.shipped import SHIPPED_ADAPTERS, verify_adapter
+from services.data.split import trained_ids
+from services.modeling.shipped import ADAPTER_FILES, SHIPPED_ADAPTERS, verify_adapter
 
 
 def shipped_trained_ids(names: Sequence[str]) -> dict[str, set[str]]:

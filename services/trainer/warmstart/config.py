@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from services.common.schemas.retriever import DEFAULT_TOP_K, MAX_AGENT_TOP_K
+
 # Every dataset with a training pool (musique and bamboogle have none: all their questions are the evaluation split).
 DEFAULT_DATASETS = (
     "nq",
@@ -26,7 +28,9 @@ DEFAULT_DATASETS = (
 class ReadingRecipe(BaseModel):
     """How reading examples are drawn (services/trainer/warmstart/reading.py); recorded in the adapter's manifest."""
 
-    passages: int = Field(3, ge=1, le=10, description="Passages in an <information> block (serving's top-3).")
+    passages: int = Field(
+        DEFAULT_TOP_K, ge=1, le=MAX_AGENT_TOP_K, description="Passages in an <information> block (serving's top-3)."
+    )
     candidates: int = Field(12, ge=1, le=50, description="Retriever depth the hard distractors come from.")
     variants: int = Field(2, ge=1, le=8, description="Variants per question (order, distractors, gold missing).")
     gold_missing: float = Field(0.15, ge=0, le=1, description="Share of variants whose first search misses gold.")
@@ -52,7 +56,7 @@ class WarmstartConfig(BaseModel):
     """Everything that shapes the warm start; recorded in the adapter's manifest."""
 
     recipe: Literal["reading", "protocol"] = Field(
-        "reading", description="reading: RAFT-style examples (issue 38); protocol: the first warm start's."
+        "reading", description="reading: RAFT-style examples that teach reading; protocol: the first warm start's."
     )
     reading: ReadingRecipe = Field(default_factory=ReadingRecipe)
     template_weight: float = Field(
@@ -64,7 +68,7 @@ class WarmstartConfig(BaseModel):
     hold_out: list[str] = Field(
         default_factory=list, description="'dataset:id' questions never trained on (kept for later measures)."
     )
-    top_k: int = Field(3, ge=1, le=10, description="Passages per search (serving's default).")
+    top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_AGENT_TOP_K, description="Passages per search (serving's default).")
     max_len: int = Field(1536, ge=256, description="Longer trajectories are dropped, never truncated.")
     epochs: float = Field(1.0, gt=0, le=10)
     batch_size: int = Field(4, ge=1, description="Examples per optimizer step (gradient accumulation).")

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.eval.split import SplitViolation
+from services.data.split import SplitViolation
 from services.trainer.warmstart.config import WarmstartConfig
 from services.trainer.warmstart.examples import PoolItem, SFTExample
 

@@ -13,9 +13,9 @@ from pydantic import BaseModel, Field
 
 from services.common.answers import normalize_answer
 from services.common.schemas.policy import TrajectoryRecord, TurnRecord
-from services.common.schemas.retriever import SearchResponse
-from services.eval.datasets import EvalItem, row_fields
-from services.eval.split import training_rows
+from services.common.schemas.retriever import DEFAULT_TOP_K, SearchResponse
+from services.data.datasets import EvalItem, row_fields
+from services.data.split import training_rows
 
 MULTI_HOP = frozenset({"hotpotqa", "2wikimultihopqa", "musique"})
 # The agent's thoughts in the SFT targets: short and fixed, so they cost few tokens at serving time while making
@@ -40,7 +40,7 @@ def pool_item(dataset: str, position: int, row: dict[str, Any]) -> PoolItem:
 
 
 def training_pool(qa_dir: Path, dataset: str) -> list[PoolItem]:
-    """The training-pool questions of `dataset` (services/eval/split.py: never the evaluation split)."""
+    """The training-pool questions of `dataset` (services/data/split.py: never the evaluation split)."""
     return [pool_item(dataset, position, row) for position, row in training_rows(qa_dir, dataset)]
 
 
@@ -226,7 +226,11 @@ def to_example(tokenizer: Any, item: PoolItem, searches: Sequence[Shown], answer
 
 
 async def build_examples(
-    retriever: WarmstartRetriever, tokenizer: Any, items: Sequence[PoolItem], top_k: int = 3, batch: int = 64
+    retriever: WarmstartRetriever,
+    tokenizer: Any,
+    items: Sequence[PoolItem],
+    top_k: int = DEFAULT_TOP_K,
+    batch: int = 64,
 ) -> list[SFTExample]:
     """Search with each question (greedy top-k, as serving), then, for multi-hop questions whose supporting
     passages the first search missed, search for the missing passage's title; keep that second search only when

@@ -1,8 +1,7 @@
-"""Reading examples for the warm start (issue 38): RAFT-style trajectories that teach the policy to read.
-
-The first warm start taught the protocol (search, then answer) but not reading: its loss was over every agent
-token, almost all of them template, and the answer's few tokens carried a tiny share of it. A reading example is
-still a whole Search-R1 trajectory (the agent writes its `<search>` and its `<answer>`), but:
+"""Reading examples for the warm start: RAFT-style trajectories that teach the policy to read its evidence, not
+only the protocol (search, then answer). A loss over every agent token is almost all template, the answer's few
+tokens a tiny share of it; so a reading example, still a whole Search-R1 trajectory (the agent writes its
+`<search>` and its `<answer>`), is built so that the answer must be read:
 
 - its `<information>` block mixes the question's supporting passages with hard distractors (the real retriever's
   top non-supporting passages for the question, none of which contains a gold alias), in a seeded random order,

@@ -11,7 +11,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-from services.eval.split import EVAL_SPLIT
+from services.data.split import EVAL_SPLIT
 from services.trainer.warmstart.adapter import curve_summary, load_adapter_weights, write_adapter
 from services.trainer.warmstart.config import WarmstartConfig, resumable_config
 from services.trainer.warmstart.data import cached_examples, data_summary, select_items, split_heldout

@@ -1,4 +1,4 @@
-"""The warm start's training loop: a weighted SFT of a LoRA that resumes from its last checkpoint (issue 38).
+"""The warm start's training loop: a weighted SFT of a LoRA that resumes from its last checkpoint.
 
 - The loss weights each agent token: the answer's tokens by 1 and the rest of the agent's turns (thoughts, tags, the
   search query) by `template_weight`, normalised by the summed weights of the step, so reading, not the template,

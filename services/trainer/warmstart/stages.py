@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from services.policy.shipped import verify_adapter
+from services.modeling.shipped import verify_adapter
 from services.trainer.warmstart.config import WarmstartConfig, comparable
 from services.trainer.warmstart.data import heldout_draw
 from services.trainer.warmstart.examples import SFTExample

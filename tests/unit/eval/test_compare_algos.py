@@ -7,7 +7,7 @@ import json
 import pytest
 
 import experiments.compare_algos as compare
-from services.eval.split import EVAL_SPLIT, training_rows
+from services.data.split import EVAL_SPLIT, training_rows
 
 
 def test_split_evaluates_on_the_evaluation_split_and_trains_after_it(tmp_path):

@@ -74,7 +74,7 @@ def test_merged_pool_skips_evaluation_splits_and_alternates(tmp_path):
     assert [r["id"] for r in rows] == ["a/100", "b/100", "a/101", "b/101", "a/102"]
     assert merged_training_pool(tmp_path, ["a", "b"], tmp_path / "merged")[1] == sha  # deterministic
     # the trainer reads it as a training file, from line 0
-    from services.eval.split import training_rows
+    from services.data.split import training_rows
 
     assert len(training_rows(folder, "comparison")) == 5
 

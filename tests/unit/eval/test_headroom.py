@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments.headroom import headroom, markdown, paired, recall_at, retrieval_recall
-from services.eval.datasets import EvalItem
+from services.data.datasets import EvalItem
 from services.eval.scoring import ItemResult
 from services.retriever.backends.index import EdgeIndex, QdrantClientIndex
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from experiments.lower_level import eval_rows, train_questions
-from services.eval.split import EVAL_SPLIT
+from services.data.split import EVAL_SPLIT
 
 
 def write(qa_dir, dataset: str, n: int, supported=lambda i: True) -> None:
@@ -113,7 +113,7 @@ def test_training_questions_leave_out_what_an_adapter_trained_on(tmp_path):
 
 
 def test_teacher_quality_held_out_of_every_stage_of_the_named_adapters():
-    from services.policy.shipped import SHIPPED_ADAPTERS, verify_adapter
+    from services.modeling.shipped import SHIPPED_ADAPTERS, verify_adapter
     from services.trainer.warmstart.adapter import shipped_trained_ids
 
     data = verify_adapter(SHIPPED_ADAPTERS["reading"])["data"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.eval.datasets import EvalItem
+from services.data.datasets import EvalItem
 from services.eval.logprob import AnswerLogprob
 from services.eval.sampled import SampleResult, chunks, per_question, summarize_questions
 from services.eval.scoring import ItemResult

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from services.common.answers import choice_match
-from services.eval.datasets import EvalItem, load_items, resolve
+from services.data.datasets import EvalItem, load_items, resolve
 from services.eval.scoring import ItemResult, answer_scores, group_means, summarize, support_recall
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from services.common.answers import trajectory_text, valid_search_r1_sequence
-from services.eval.split import EVAL_SPLIT, SplitViolation
+from services.data.split import EVAL_SPLIT, SplitViolation
 from services.modeling.prompt import build_prompt, format_information
 from services.retriever.inprocess import InProcessRetriever
 from services.trainer.warmstart.config import WarmstartConfig

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from services.cli.prepare import prepare_warmstart_model
 from services.common.settings import CommonSettings
-from services.eval.split import EVAL_SPLIT, trained_ids
-from services.policy.shipped import DEFAULT_ADAPTER, DEFAULT_ADAPTER_DIR, SHIPPED_ADAPTERS, verify_adapter
+from services.data.split import EVAL_SPLIT, trained_ids
+from services.modeling.shipped import DEFAULT_ADAPTER, DEFAULT_ADAPTER_DIR, SHIPPED_ADAPTERS, verify_adapter
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_ADAPTERS))
@@ -27,7 +30,7 @@ def test_every_shipped_manifest_matches_its_files_and_the_split(name):
     held = set(manifest["data"]["heldout_ids"]) | set(manifest["data"].get("hold_out_ids", []))
     # no trained id is among the first EVAL_SPLIT questions of its file (checked against the shared data if present),
     # nor among the questions it holds out
-    qa_dir = folder.parents[2].parent / "shared" / "data" / "qa"
+    qa_dir = REPO.parent / "shared" / "data" / "qa"
     for dataset, ids in manifest["data"]["trained_ids"].items():
         assert not {f"{dataset}:{i}" for i in ids} & held
         path = qa_dir / f"{dataset}.jsonl"
@@ -63,15 +66,13 @@ def test_prepare_merges_once_and_refuses_a_tampered_adapter(tmp_path, policy_mod
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_ADAPTERS))
 def test_the_demo_trains_on_questions_neither_evaluated_nor_warm_started(name):
-    demo = [
-        json.loads(line)["id"] for line in (DEFAULT_ADAPTER_DIR.parents[1] / "demo_data/hotpotqa_train.jsonl").open()
-    ]
+    demo = [json.loads(line)["id"] for line in (REPO / "services/demo_data/hotpotqa_train.jsonl").open()]
     assert len(demo) == len(set(demo)) >= 8  # the demo asks 3 and trains 2 rounds of 4
     data = verify_adapter(SHIPPED_ADAPTERS[name])["data"]
     for trained in (data["trained_ids"], data.get("earlier_trained_ids", {})):  # every stage of the adapter
         assert not set(demo) & set(trained.get("hotpotqa", []))
     assert not set(demo) & trained_ids(verify_adapter(SHIPPED_ADAPTERS[name]))["hotpotqa"]
-    path = DEFAULT_ADAPTER_DIR.parents[2].parent / "shared" / "data" / "qa" / "hotpotqa.jsonl"
+    path = REPO.parent / "shared" / "data" / "qa" / "hotpotqa.jsonl"
     if path.exists():
         evaluation = {json.loads(line)["id"] for line in path.open().readlines()[:EVAL_SPLIT]}
         assert not evaluation & set(demo)

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import pytest
 from safetensors.torch import load_file
 
-from services.policy.shipped import verify_adapter
+from services.modeling.shipped import verify_adapter
 from services.retriever.inprocess import InProcessRetriever
 from services.trainer.warmstart.config import ReadingRecipe, WarmstartConfig
 from services.trainer.warmstart.run import run_warmstart

@@ -1,7 +1,8 @@
-"""The adapters this repo ships beside the policy (their folders are in this package), by name: `bridge-rl prepare`
-merges the default one into the default policy, and `--adapter NAME` merges another beside it. "reading" reads its
-evidence (docs/results.md §22i); "protocol" is the first warm start, which learned the Search-R1 format but not to
-read (§17). The trainer's warm start writes adapters of this shape (services/trainer/warmstart/adapter.py)."""
+"""The LoRA adapters this repo ships for the policy (in `adapters/` beside this module), by name, for every part that
+reads them: `bridge-rl prepare` merges the default one into the default policy, `--adapter NAME` merges another
+beside it, and the trainer's warm start continues them and writes adapters of their shape
+(services/trainer/warmstart/adapter.py). "reading" reads its evidence (docs/results.md §22i); "protocol" is the
+first warm start, which learned the Search-R1 format but not to read (§17)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any
 
 from services.common.checkpoints import MANIFEST, sha256_file
 
-_HERE = Path(__file__).resolve().parent
-SHIPPED_ADAPTERS = {"reading": _HERE / "reading_adapter", "protocol": _HERE / "warmstart_adapter"}
+_ADAPTERS = Path(__file__).resolve().parent / "adapters"
+SHIPPED_ADAPTERS = {"reading": _ADAPTERS / "reading", "protocol": _ADAPTERS / "protocol"}
 DEFAULT_ADAPTER = "reading"
+# The files of a LoRA adapter, as peft writes them and the policy's engines load them; manifest.json lists their sha256.
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 DEFAULT_ADAPTER_DIR = SHIPPED_ADAPTERS[DEFAULT_ADAPTER]
 
 

@@ -99,7 +99,7 @@ def load_items(qa_dir: Path, dataset: str, limit: int | None) -> list[EvalItem]:
 
 
 def items_from_rows(rows: list[dict], spec: str, limit: int | None) -> dict[str, list[EvalItem]]:
-    """`load_items` for rows read from a data path (services/eval/data_files.py): per dataset they hold (`spec`:
+    """`load_items` for rows read from a data path (services/data/files.py): per dataset they hold (`spec`:
     `all`, a group or comma-separated names, as `resolve`), its first `limit` rows in file order."""
     by_dataset: dict[str, list[dict]] = {}
     for row in rows:

@@ -7,7 +7,7 @@ import json
 
 from typer.testing import CliRunner
 
-from services.eval.datasets import available, resolve
+from services.data.datasets import available, resolve
 from tests.conftest import REPO
 
 DEMO = REPO / "services" / "demo_data"

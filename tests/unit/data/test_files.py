@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from services.eval.data_files import DataFileError, parquet_row, read_data, search_r1_question
-from services.eval.datasets import items_from_rows
-from services.eval.split import EVAL_SPLIT, evaluation_data, training_data
+from services.data.datasets import items_from_rows
+from services.data.files import DataFileError, parquet_row, read_data, search_r1_question
+from services.data.split import EVAL_SPLIT, evaluation_data, training_data
 from services.trainer.config_file import load_run_config, to_toml
 from services.trainer.rollout import round_items
 from services.trainer.round_files import QUESTIONS, run_questions, write_questions

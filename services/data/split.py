@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from services.eval.data_files import DataRows, read_data
-from services.eval.datasets import GROUP_OF, question_file
+from services.data.datasets import GROUP_OF, question_file
+from services.data.files import DataRows, read_data
 
 EVAL_SPLIT = 100
 
@@ -48,6 +48,11 @@ def training_rows(qa_dir: Path, dataset: str) -> list[tuple[int, dict]]:
             f"{path} has {len(rows)} questions, all in the evaluation split (the first {start}): nothing to train on"
         )
     return list(enumerate(rows))[start:]
+
+
+def training_questions(qa_dir: Path, dataset: str) -> list[dict]:
+    """The rows of every training-pool question of `dataset`, in file order."""
+    return [row for _, row in training_rows(qa_dir, dataset)]
 
 
 def own_file(path: Path, qa_dir: Path) -> Literal["benchmark", "train"] | None:

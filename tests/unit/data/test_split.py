@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from services.eval.datasets import available
-from services.eval.split import EVAL_SPLIT, SplitViolation, refuse_trained_questions, training_data, training_rows
+from services.data.datasets import available
+from services.data.split import EVAL_SPLIT, SplitViolation, refuse_trained_questions, training_data, training_rows
 from services.trainer.algo.config import AlgoConfig
 from services.trainer.rollout import round_items
+from services.trainer.round_files import pool_questions
 from services.trainer.run_state import RunConfig
 from services.trainer.settings import TrainerSettings
 
@@ -37,7 +38,7 @@ def test_training_reads_only_the_pool(tmp_path):
 def test_a_training_run_never_samples_the_evaluation_split(tmp_path):
     _write(tmp_path / "hotpotqa.jsonl", [f"q{i}" for i in range(EVAL_SPLIT + 12)])
     settings = TrainerSettings(data_dir=tmp_path / "data", qa_dir=tmp_path)
-    pool = settings.training_questions("hotpotqa")
+    pool = pool_questions(settings, "hotpotqa")
     config = RunConfig(run_id="r", dataset="hotpotqa", rounds=20, questions_per_round=8, algo=AlgoConfig(seed=1))
     asked = {row["id"] for r in range(20) for row in round_items(config, pool, r)}
     assert asked and asked <= {f"q{i}" for i in range(EVAL_SPLIT, EVAL_SPLIT + 12)}

@@ -1,6 +1,6 @@
 """Questions from a user's own files: a Search-R1 / verl parquet file, a FlashRAG (or our) jsonl file, or a folder
 of them, read into the row dicts the rest of the code uses (`id`, `question`, `golden_answers`, `dataset`,
-`metadata`; `services/eval/datasets.py` `row_fields` reads them).
+`metadata`; `services/data/datasets.py` `row_fields` reads them).
 
 Search-R1's `scripts/data_process/nq_search.py` (PeterGriffinJin/Search-R1) writes one parquet row per question:
 `data_source`, `prompt` (chat messages; the user message is an instruction, then `Question: {question}\\n`),
