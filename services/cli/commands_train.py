@@ -10,53 +10,19 @@ from typing import Annotated
 import typer
 
 from services.cli.app import app
+from services.cli.config_options import choices, option
+from services.trainer.algo.config import AlgoConfig
+from services.trainer.run_state import RunConfig
+from services.trainer.warmstart.config import LORA_TARGETS, WarmstartConfig
 
-
-class AlgoName(StrEnum):
-    search_r1 = "search-r1"
-    retriever_only = "retriever-only"
-    alt_rp = "alt-rp"
-    alt_pr = "alt-pr"
-    joint = "joint"
-    bridge = "bridge"
-
-
-class WarmstartRecipe(StrEnum):
-    reading = "reading"
-    protocol = "protocol"
-
-
-class LoraTargets(StrEnum):
-    all_linear = "all-linear"
-    attention = "attention"
-    mlp = "mlp"
-
-
-class PolicyRollouts(StrEnum):
-    reweighted = "reweighted"
-    fresh = "fresh"
-
-
-class SourceName(StrEnum):
-    dataset = "dataset"
-    live = "live"
-
-
-class RewardName(StrEnum):
-    em = "em"
-    f1 = "f1"
-    em_format = "em-format"
-
-
-class EstimatorName(StrEnum):
-    bridge = "bridge"
-    two_state = "two-state"
-    drop = "drop"
-
-
-class RetrieverParams(StrEnum):
-    full = "full"
-    lora = "lora"
+AlgoName = choices(AlgoConfig, "algo", "AlgoName")
+EstimatorName = choices(AlgoConfig, "estimator", "EstimatorName")
+RetrieverParams = choices(AlgoConfig, "retriever_params", "RetrieverParams")
+PolicyRollouts = choices(AlgoConfig, "policy_rollouts", "PolicyRollouts")
+SourceName = choices(RunConfig, "source", "SourceName")
+RewardName = choices(RunConfig, "reward", "RewardName")
+WarmstartRecipe = choices(WarmstartConfig, "recipe", "WarmstartRecipe")
+LoraTargets = StrEnum("LoraTargets", {name.replace("-", "_"): name for name in LORA_TARGETS})
 
 
 @app.command()
@@ -71,7 +37,7 @@ def train(
     print_config: Annotated[
         bool, typer.Option(help="Print the resolved config as TOML (every field, with its meaning) and exit.")
     ] = False,
-    algo: Annotated[AlgoName | None, typer.Option(help="Update rule (all share one code path).")] = None,
+    algo: Annotated[AlgoName | None, option(AlgoConfig, "algo")] = None,
     estimator: Annotated[
         EstimatorName | None,
         typer.Option(help="--algo bridge: bridge (the paper's, no second retriever state), two-state or drop."),
@@ -97,11 +63,11 @@ def train(
             "named with its row number.",
         ),
     ] = None,
-    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds.")] = None,
-    questions_per_round: Annotated[int | None, typer.Option(min=1, max=64, help="Questions per round.")] = None,
-    group_size: Annotated[int | None, typer.Option(min=2, max=16, help="Rollouts per question (G).")] = None,
+    rounds: Annotated[int | None, option(RunConfig, "rounds")] = None,
+    questions_per_round: Annotated[int | None, option(RunConfig, "questions_per_round")] = None,
+    group_size: Annotated[int | None, option(AlgoConfig, "group_size")] = None,
     seed: Annotated[int | None, typer.Option(help="The same seed gives the same run.")] = None,
-    max_turns: Annotated[int | None, typer.Option(min=0, max=8, help="Searches per rollout.")] = None,
+    max_turns: Annotated[int | None, option(RunConfig, "max_turns")] = None,
     q_prior: Annotated[
         bool | None,
         typer.Option(
@@ -123,9 +89,9 @@ def train(
             help="dataset (rollouts on --dataset) or live (served trajectories rewarded by POST /v1/feedback)."
         ),
     ] = None,
-    live_batch: Annotated[int | None, typer.Option(min=1, help="Live: rewarded trajectories per round.")] = None,
-    max_staleness: Annotated[int | None, typer.Option(min=0, help="Live: max policy versions behind.")] = None,
-    run_id: Annotated[str | None, typer.Option(help="Name of the run (default: generated).")] = None,
+    live_batch: Annotated[int | None, option(RunConfig, "live_batch")] = None,
+    max_staleness: Annotated[int | None, option(RunConfig, "max_staleness")] = None,
+    run_id: Annotated[str | None, option(RunConfig, "run_id")] = None,
     report_to: Annotated[
         list[str] | None,
         typer.Option(
