@@ -3,7 +3,8 @@
 Writers build a folder under a temporary name and `publish_checkpoint` renames it into place (or swaps it with
 the folder it replaces), so a reader never sees a half-written checkpoint, nor none. Readers call
 `load_manifest`, which refuses paths outside the root, non-safetensors payloads, symbolic links, files the
-manifest does not list and any file whose sha256 differs from the manifest. `remove_leftovers` clears what a
+manifest does not list and any file whose sha256 differs from the manifest; a loader that reads the files again
+later (an engine) reads `copy_verified`'s private copy, hashed as it was made. `remove_leftovers` clears what a
 writer that crashed mid-publish left behind.
 """
 
@@ -111,6 +112,38 @@ def load_manifest(root: Path, path: str | Path) -> tuple[Path, Manifest]:
                 code="sha256_mismatch",
             )
     return folder, manifest
+
+
+def copy_verified(folder: Path, manifest: Manifest, dest: Path) -> Path:
+    """A private copy of `folder`'s listed files at `dest`, each hashed as it is copied and checked against the
+    manifest: what a loader then reads is what was verified, whatever happens to `folder` after `load_manifest`
+    hashed it (a file swapped in between, a link put in its place: O_NOFOLLOW refuses it). `dest` is replaced."""
+    staging = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+    staging.mkdir(parents=True)
+    try:
+        for name, expected in manifest.files.items():
+            digest = hashlib.sha256()
+            try:
+                source = os.open(folder / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            except OSError as exc:
+                raise InvalidRequest(f"checkpoint file {name} cannot be read: {exc.strerror}", param="path") from exc
+            with os.fdopen(source, "rb") as src, (staging / name).open("wb") as out:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            if digest.hexdigest() != expected:
+                raise InvalidRequest(f"{name} changed after it was verified (sha256 {digest.hexdigest()[:12]}…, "
+                                     f"manifest {expected[:12]}…)", param="path", code="sha256_mismatch")  # fmt: skip
+        (staging / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.replace(dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return dest
 
 
 def staging_dir(root: Path, version: str) -> Path:

@@ -3,12 +3,14 @@ unloaded from the engine. `base` is the un-adapted model, always there."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from services.common.checkpoints import Manifest
+from services.common.checkpoints import Manifest, copy_verified
 from services.common.errors import InvalidRequest
 from services.common.registry import CheckpointEntry, CheckpointRegistry, VersionTable, WeightsLoader
 from services.modeling.shipped import ADAPTER_FILES
@@ -45,8 +47,17 @@ class AdapterLoader(WeightsLoader[str]):
     kinds = ("policy-lora",)
     always_loaded = frozenset({BASE_ADAPTER})
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, verified_root: Path) -> None:
         self.engine = engine
+        self.verified_root = verified_root  # the engine reads these copies, never the checkpoint root
+
+    async def verified(self, version: str, folder: Path, manifest: Manifest | None) -> Path:
+        """The adapter as it was verified: a private copy, hashed as it is made, that the engine then reads."""
+        if manifest is None:
+            raise ValueError(f"{version}: an adapter folder without its verified manifest")
+        copy = await asyncio.to_thread(copy_verified, folder, manifest, self.verified_root / version)
+        check_adapter_files(copy)
+        return copy
 
     def check(self, manifest: Manifest) -> None:
         missing = [f for f in ADAPTER_FILES if f not in manifest.files]
@@ -59,14 +70,16 @@ class AdapterLoader(WeightsLoader[str]):
         self, registry: CheckpointRegistry[str], entry: CheckpointEntry, folder: Path | None, manifest: Manifest | None
     ) -> str:
         if folder is not None:  # None: the base model, always in the engine
-            check_adapter_files(folder)
-            await self.engine.load_adapter(entry.version, folder)
+            await self.engine.load_adapter(entry.version, await self.verified(entry.version, folder, manifest))
         return entry.version
 
     async def unload(self, version: str, weights: str) -> None:
         if version != BASE_ADAPTER:
             await self.engine.unload_adapter(version)
+            shutil.rmtree(self.verified_root / version, ignore_errors=True)
 
 
 def adapter_registry(engine: Engine, checkpoint_root: Path, state_path: Path) -> CheckpointRegistry[str]:
-    return CheckpointRegistry(AdapterLoader(engine), PolicyVersions, state_path, checkpoint_root)
+    """`<state dir>/verified/`: the private copies the engine loads (a vLLM of its own reads this service's disk)."""
+    loader = AdapterLoader(engine, state_path.parent / "verified")
+    return CheckpointRegistry(loader, PolicyVersions, state_path, checkpoint_root)

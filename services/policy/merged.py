@@ -54,7 +54,7 @@ class MergedLoader(AdapterLoader):
     the version is registered or first loaded, and removed when the registry unloads it."""
 
     def __init__(self, engine: Engine, base_dir: Path, merged_root: Path) -> None:
-        super().__init__(engine)
+        super().__init__(engine, merged_root / ".verified")
         self.base_dir = base_dir
         self.merged_root = merged_root
 
@@ -64,8 +64,12 @@ class MergedLoader(AdapterLoader):
         if folder is None:
             return self.base_dir
         out = self.merged_root / entry.version
-        # Re-merged on every load: the adapter's sha256 was just re-checked, the merged folder was not.
-        return await asyncio.to_thread(merge_adapter, self.base_dir, folder, out)
+        # Re-merged on every load, from the copy hashed as it was made (the merged folder is not hashed).
+        adapter = await self.verified(entry.version, folder, manifest)
+        try:
+            return await asyncio.to_thread(merge_adapter, self.base_dir, adapter, out)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, adapter, True)
 
     async def unload(self, version: str, weights: Path) -> None:  # type: ignore[override]
         if version != BASE_VERSION:

@@ -38,3 +38,68 @@ def test_files_that_are_not_what_they_claim_are_a_400_with_the_reason(tmp_path, 
     with pytest.raises(InvalidRequest, match=reason) as err:
         check_adapter_files(adapter(tmp_path / "bad", weights, config))
     assert err.value.status_code == 400
+
+
+def manifested(folder):
+    from services.common.checkpoints import MANIFEST, Manifest, sha256_file
+
+    files = {name: sha256_file(folder / name) for name in ("adapter_model.safetensors", "adapter_config.json")}
+    manifest = Manifest(kind="policy-lora", version="v1", files=files)
+    (folder / MANIFEST).write_text(manifest.model_dump_json())
+    return manifest
+
+
+def test_the_engine_loads_the_copy_that_was_verified_not_the_checkpoint_folder(tmp_path):
+    """Verified, then swapped before the engine reads it: the load is refused (a copy hashed as it is made), and a
+    good adapter reaches the engine as a private copy, so a later swap in the checkpoint root changes nothing."""
+    import asyncio
+
+    from services.common.checkpoints import load_manifest
+    from services.common.registry import CheckpointEntry
+    from services.policy.adapters import AdapterLoader
+
+    class RecordingEngine:  # the engine is not what this tests: where it is told to read
+        def __init__(self):
+            self.paths = {}
+
+        async def load_adapter(self, name, path):
+            self.paths[name] = path
+
+        async def unload_adapter(self, name):
+            self.paths.pop(name)
+
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    folder = adapter(root / "v1")
+    manifested(folder)
+    engine = RecordingEngine()
+    loader = AdapterLoader(engine, tmp_path / "verified")
+    entry = CheckpointEntry(version="v1", path=str(folder), kind="policy-lora")
+    checked_folder, manifest = load_manifest(root, folder)
+    (folder / "adapter_config.json").write_text('{"r": 64}')  # after the hash, before the engine
+    with pytest.raises(InvalidRequest, match="changed after it was verified"):
+        asyncio.run(loader.load(None, entry, checked_folder, manifest))
+    assert engine.paths == {} and not (tmp_path / "verified" / "v1").exists()
+
+    (folder / "adapter_config.json").write_text('{"r": 8}')
+    checked_folder, manifest = load_manifest(root, folder)
+    asyncio.run(loader.load(None, entry, checked_folder, manifest))
+    copy = engine.paths["v1"]
+    assert copy == tmp_path / "verified" / "v1" and (copy / "adapter_config.json").read_text() == '{"r": 8}'
+    (folder / "adapter_config.json").write_text('{"r": 64}')
+    assert (copy / "adapter_config.json").read_text() == '{"r": 8}'
+    asyncio.run(loader.unload("v1", "v1"))
+    assert not copy.exists()
+
+
+def test_a_link_put_in_place_after_verification_is_refused(tmp_path):
+    from services.common.checkpoints import copy_verified
+
+    folder = adapter(tmp_path / "v1")
+    manifest = manifested(folder)
+    target = folder / "adapter_config.json"
+    (tmp_path / "elsewhere.json").write_text('{"r": 8}')
+    target.unlink()
+    target.symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(InvalidRequest, match="cannot be read"):
+        copy_verified(folder, manifest, tmp_path / "copy")
