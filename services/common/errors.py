@@ -55,6 +55,17 @@ class PayloadTooLarge(BridgeError):
     type = "payload_too_large"
 
 
+class TooBusy(BridgeError):
+    """The route already has as much work in flight as this deployment allows: retry after `retry_after_s`."""
+
+    status_code = 429
+    type = "too_busy"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, code: str | None = "too_busy") -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
+
+
 class NotReady(BridgeError):
     status_code = 503
     type = "not_ready"
@@ -121,6 +132,8 @@ def install_error_handlers(app: FastAPI, openai_paths: tuple[str, ...] = ()) -> 
         else:
             body = error_body(exc.status_code, exc.type, exc.message, exc.param, exc.code)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        if isinstance(exc, TooBusy):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -13,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.common.errors import Forbidden, NotReady, Unauthorized, error_body
+from services.common.errors import Forbidden, NotReady, TooBusy, Unauthorized, error_body
 
 
 class BodySizeLimit:
@@ -207,3 +208,39 @@ liveness = APIRouter()
 async def healthz() -> dict:
     """The process answers; `/readyz` says whether its dependencies do."""
     return {"status": "ok"}
+
+
+class InFlightLimit:
+    """At most `limit` requests of one route in the service at once (anyio's CapacityLimiter); one more is a 429
+    with Retry-After, at once, instead of a place in a queue whose wait grows with whoever sent the most. Held on
+    behalf of a token, not a task: FastAPI may leave a dependency in another task than it entered."""
+
+    def __init__(self, route: str, limit: int, retry_after_s: int = 1) -> None:
+        self.route = route
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self._limiter: Any = None  # made in the event loop that serves (anyio needs one running)
+
+    @property
+    def limiter(self) -> Any:
+        import anyio
+
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.limit)
+        return self._limiter
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        import anyio
+
+        token = object()
+        try:
+            self.limiter.acquire_on_behalf_of_nowait(token)
+        except anyio.WouldBlock:
+            message = (f"{self.route}: {int(self.limiter.total_tokens)} requests in flight already, this deployment's "
+                       f"bound; retry in {self.retry_after_s} s")  # fmt: skip
+            raise TooBusy(message, retry_after_s=self.retry_after_s) from None
+        try:
+            yield
+        finally:
+            self.limiter.release_on_behalf_of(token)

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.common.errors import install_error_handlers
-from services.common.http import install_request_middleware, is_loopback, liveness
+from services.common.http import InFlightLimit, install_request_middleware, is_loopback, liveness
 from services.policy.metrics import PolicyMetrics
 from services.policy.routes import agent, checkpoints, health, openai
 from services.policy.service import PolicyService, build_engine
@@ -37,6 +37,7 @@ def build_app(settings: PolicySettings | None = None) -> FastAPI:
     app = FastAPI(title="BRIDGE policy", version="1", lifespan=lifespan)
     app.state.service = None
     app.state.metrics = PolicyMetrics()
+    app.state.rollout_limit = InFlightLimit("rollouts", settings.max_rollouts_in_flight)
     # Set here, not in the lifespan, so no request can ever see the keys unset (and the endpoints open).
     app.state.api_keys = settings.resolved_api_keys
     app.state.loopback_only = is_loopback(settings.host)

@@ -140,6 +140,13 @@ class PolicySettings(CommonSettings):
         7 * 24 * 3600, ge=60, description="How long a trajectory stays readable at /v1/trajectories/{id}."
     )
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Larger request bodies get a 413.")
+    max_rollouts_in_flight: int = Field(
+        8,
+        ge=1,
+        le=1_000,
+        description="POST /v1/agent/rollouts requests in this service at once (each up to max_rollout_trajectories); "
+        "one more is a 429 with Retry-After.",
+    )
     max_rollout_trajectories: int = Field(
         256,
         ge=1,

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.common.errors import install_error_handlers
-from services.common.http import install_request_middleware, liveness
+from services.common.http import InFlightLimit, install_request_middleware, liveness
 from services.retriever.metrics import RetrieverMetrics
 from services.retriever.routes import checkpoints, documents, health, search
 from services.retriever.service import RetrieverService
@@ -38,6 +38,7 @@ def build_app(settings: RetrieverSettings | None = None) -> FastAPI:
     app = FastAPI(title="BRIDGE retriever", version="1", lifespan=lifespan)
     app.state.service = None
     app.state.metrics = RetrieverMetrics()
+    app.state.search_limit = InFlightLimit("search", settings.max_searches_in_flight)
     install_error_handlers(app)
     install_request_middleware(app, settings.max_body_bytes, settings.resolved_trusted_hosts)
 

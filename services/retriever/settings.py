@@ -59,6 +59,13 @@ class RetrieverSettings(CommonSettings):
         le=100.0,
         description="A micro-batch keeps gathering concurrent searches while they arrive less than this apart.",
     )
+    max_searches_in_flight: int = Field(
+        64,
+        ge=1,
+        le=10_000,
+        description="Searches (/v1/search and /retrieve together) in this service at once; one more is a 429 with "
+        "Retry-After. With max_query_chars_per_request, it bounds the work queued for the one search thread.",
+    )
     max_query_chars_per_request: int = Field(
         128_000,
         ge=1_000,

@@ -24,7 +24,7 @@ from services.common.schemas.policy import (
     TrajectoryTokens,
 )
 from services.policy.metrics import PolicyMetrics
-from services.policy.routes.deps import Admin, Metrics, Service
+from services.policy.routes.deps import Admin, Metrics, RolloutSlot, Service
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,12 @@ async def agent_query(body: AgentQueryRequest, service: Service, metrics: Metric
 @router.post(
     "/v1/agent/rollouts",
     response_model=RolloutResponse,
-    dependencies=[Depends(require_training_key)],
-    responses={**ERRORS, 409: {"description": "A pinned policy or retriever version is not registered"}},
+    dependencies=[Depends(require_training_key), RolloutSlot],
+    responses={
+        **ERRORS,
+        409: {"description": "A pinned policy or retriever version is not registered"},
+        429: {"description": "As many rollout requests in flight as this deployment allows: retry after Retry-After"},
+    },
 )
 async def agent_rollouts(body: RolloutRequest, service: Service, metrics: Metrics) -> RolloutResponse:
     cap = service.settings.max_rollout_trajectories

@@ -5,7 +5,7 @@ import time
 from fastapi import APIRouter, Response
 
 from services.common.schemas.retriever import RetrieveRequest, SearchRequest, SearchResponse
-from services.retriever.routes.deps import Metrics, Service
+from services.retriever.routes.deps import Metrics, SearchSlot, Service
 
 router = APIRouter()
 ERRORS = {
@@ -13,10 +13,11 @@ ERRORS = {
     422: {"description": "Invalid body (reason in `detail`)"},
     413: {"description": "Body too large"},
     409: {"description": "The pinned `version` is not registered here"},
+    429: {"description": "As many searches in flight as this deployment allows: retry after Retry-After seconds"},
 }
 
 
-@router.post("/v1/search", response_model=SearchResponse, responses=ERRORS)
+@router.post("/v1/search", response_model=SearchResponse, responses=ERRORS, dependencies=[SearchSlot])
 async def search(body: SearchRequest, service: Service, metrics: Metrics) -> Response:
     started = time.perf_counter()
     response = await service.search(body)
@@ -26,7 +27,7 @@ async def search(body: SearchRequest, service: Service, metrics: Metrics) -> Res
     return Response(response.model_dump_json(), media_type="application/json")
 
 
-@router.post("/retrieve", responses=ERRORS)
+@router.post("/retrieve", responses=ERRORS, dependencies=[SearchSlot])
 async def retrieve(body: RetrieveRequest, service: Service) -> dict:
     """Search-R1's retrieval server contract, so its configs can point here unchanged."""
     request = SearchRequest(queries=body.queries, top_k=body.topk, candidates=max(body.topk, 1))
