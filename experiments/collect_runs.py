@@ -36,8 +36,8 @@ from services.eval.stats import (
 
 BASELINE = "search-r1"
 ARMS = ("search-r1", "bridge", "alt-rp", "alt-pr")
-PRIMARY = "em_sampled"  # pre-registered: mean EM over the K sampled answers of each evaluation question
-SECONDARY = ("em_greedy", "f1_greedy", "f1_sampled", "logprob")
+PRIMARY = "em_greedy"  # pre-registered (docs/preregistration.md): greedy agent EM on the evaluation split
+SECONDARY = ("em_sampled", "f1_greedy", "f1_sampled", "logprob")
 MANIFEST = "run.json"
 
 
@@ -56,6 +56,10 @@ class RunManifest(BaseModel):
     train_questions_sha256: str | None = Field(None, description="Of the merged training pool: same for all arms.")
     versions: dict[str, str | None] = Field(default_factory=dict, description="The final policy/retriever.")
     sessions: list[dict] = Field(default_factory=list, description="One entry per invocation: host, start, wall.")
+    code_commit: str | None = Field(None, description="The checkout's commit when the run started.")
+    preregistration_commit: str | None = Field(
+        None, description="The last commit of docs/preregistration.md when the run started: the plan it runs under."
+    )
 
 
 class Run(BaseModel):

@@ -45,6 +45,20 @@ from services.trainer.config_file import merge, to_toml
 from services.trainer.run_state import RunConfig
 
 TRAIN_DATASET = "comparison"  # the merged pool: <data-dir>/comparison-qa/comparison_train.jsonl
+REPO = Path(__file__).resolve().parents[1]
+PLAN = "docs/preregistration.md"
+
+
+def git_commit(path: str | None = None) -> str | None:
+    """The checkout's HEAD, or the last commit that changed `path`; None outside a git checkout."""
+    import subprocess
+
+    command = ["git", "log", "-1", "--format=%H", *(["--", path] if path else [])]
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
 
 
 class ComparisonSettings(BaseModel):
@@ -275,7 +289,8 @@ def run(args: argparse.Namespace, config: ComparisonConfig) -> RunManifest:
     command = setup_run(argparse.ArgumentParser(), args, "experiments.comparison")
     qa_folder, pool_sha = merged_training_pool(args.qa_dir, settings.train_datasets, args.data_dir / "comparison-qa")
     os.environ["BRIDGE_TRAINER_QA_DIR"] = str(qa_folder.resolve())  # the merged pool; evaluation reads --qa-dir
-    manifest = previous or RunManifest(arm=args.arm, seed=args.seed, run_id=run_config.run_id, command=command)
+    manifest = previous or RunManifest(arm=args.arm, seed=args.seed, run_id=run_config.run_id, command=command,
+                                       code_commit=git_commit(), preregistration_commit=git_commit(PLAN))  # fmt: skip
     if manifest.train_questions_sha256 not in (None, pool_sha):
         raise SystemExit(f"the training pool changed since this run started ({manifest.train_questions_sha256})")
     manifest.train_questions_sha256 = pool_sha

@@ -19,7 +19,7 @@ def _run(root: Path, arm: str, seed: int, em: list[float], rewards: list[float],
     (folder / "run.json").write_text(manifest.model_dump_json())
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"round": i, "reward/mean": r}) + "\n"
                                                   for i, r in enumerate(rewards)))  # fmt: skip
-    rows = [{"dataset": "hotpotqa", "id": f"q{i}", "em_greedy": round(e), "f1_greedy": e, "em_sampled": e,
+    rows = [{"dataset": "hotpotqa", "id": f"q{i}", "em_greedy": e, "f1_greedy": e, "em_sampled": round(e),
              "f1_sampled": e, "samples": 8, "logprob": -2.0 + e} for i, e in enumerate(em)]  # fmt: skip
     (folder / "eval" / "final" / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
@@ -37,7 +37,7 @@ def test_collect_pairs_seeds_and_tests_across_them(tmp_path):
     assert load_run(a / "search-r1-s0").rewards == [0.1, 0.2, 0.3]
 
     analysis = collect([a, b], tmp_path / "out")
-    primary = analysis["comparisons"]["bridge"]["em_sampled"]
+    primary = analysis["comparisons"]["bridge"]["em_greedy"]
     assert primary["seeds"] == [0, 1, 2, 3]
     assert [primary["per_seed"][s]["diff"] for s in range(4)] == pytest.approx([0.25, 0.25, 0.5, 0.25])
     t = primary["t"]  # mean 0.3125, sd 0.125, se 0.0625, t = 5 with 3 df
@@ -45,12 +45,12 @@ def test_collect_pairs_seeds_and_tests_across_them(tmp_path):
     assert t["p"] == pytest.approx(0.01539, abs=1e-4)
     assert (primary["sign"]["better"], primary["sign"]["p"]) == (4, pytest.approx(0.125))
     assert primary["per_seed"][0]["low"] == pytest.approx(0.25)  # every question's difference is 0.25 at seed 0
-    alt = analysis["comparisons"]["alt-rp"]["em_sampled"]
+    alt = analysis["comparisons"]["alt-rp"]["em_greedy"]
     assert "t" not in alt and alt["sign"]["ties"] == 1
-    assert all("q_bh" in analysis["comparisons"]["bridge"][m] for m in ("em_greedy", "f1_greedy", "logprob"))
+    assert all("q_bh" in analysis["comparisons"]["bridge"][m] for m in ("em_sampled", "f1_greedy", "logprob"))
 
     text = (tmp_path / "out" / "results.md").read_text()
-    assert "| bridge | **em_sampled** | 4 |" in text and "| alt-rp | 0 | done | 3 |" in text
+    assert "| bridge | **em_greedy** | 4 |" in text and "| alt-rp | 0 | done | 3 |" in text
     for image in ("reward_per_round.png", "eval_per_seed.png", "primary_test.png"):
         assert (tmp_path / "out" / image).stat().st_size > 0
 
@@ -61,4 +61,4 @@ def test_a_seed_run_twice_keeps_the_finished_one(tmp_path):
     from experiments.collect_runs import by_arm
 
     runs = by_arm([load_run(f) for f in find_runs([tmp_path])])
-    assert runs["search-r1"][0].questions["em_sampled"] == {"hotpotqa/q0": 1.0}
+    assert runs["search-r1"][0].questions["em_greedy"] == {"hotpotqa/q0": 1.0}

@@ -16,15 +16,17 @@ CONFIG = Path(__file__).resolve().parents[3] / "configs" / "comparison.toml"
 
 def test_shipped_config_gives_every_arm_the_recipe():
     config = load_config(CONFIG)
-    assert config.comparison.train_datasets == ["2wikimultihopqa", "hotpotqa"]
+    # docs/preregistration.md: the four open-domain sets with passages and training pools, trained and evaluated
+    assert config.comparison.train_datasets == config.comparison.eval_datasets == ["nq", "popqa", "hotpotqa",
+                                                                                   "2wikimultihopqa"]  # fmt: skip
     assert (config.comparison.eval_questions, config.comparison.samples) == (100, 8)
     runs = {arm: config.run_config(arm, 2) for arm in config.comparison.arms}
-    assert set(runs) == {"search-r1", "bridge", "alt-rp", "alt-pr"}
+    assert set(runs) == {"search-r1", "bridge", "alt-pr"}
     for arm, run in runs.items():
         assert (run.algo.algo, run.algo.seed, run.run_id, run.dataset) == (arm, 2, f"cmp-{arm}-s2", "comparison")
         assert (run.rounds, run.questions_per_round, run.algo.group_size, run.reward) == (20, 4, 4, "em")
         assert run.algo.policy_lr == 5e-4
-    assert runs["bridge"].algo.gamma == 0.02 and runs["alt-rp"].algo.gamma == runs["alt-pr"].algo.gamma == 1.0
+    assert runs["bridge"].algo.gamma == 0.02 and runs["alt-pr"].algo.gamma == 1.0
     # the same questions for every arm at a seed: everything the draw depends on is shared
     draws = {(r.dataset, r.algo.seed, r.questions_per_round, r.rounds) for r in runs.values()}
     assert len(draws) == 1
@@ -57,7 +59,7 @@ def test_arguments_and_plan():
     assert parse_seeds("0-3") == [0, 1, 2, 3] and parse_seeds("1,4-5") == [1, 4, 5]
     args = build_parser().parse_args(["plan", "--seeds", "0-1", "--config", str(CONFIG)])
     commands = plan(args, load_config(CONFIG))
-    assert len(commands) == 8 and "--arm search-r1 --seed 0" in commands[0] and "--seed 1" in commands[-1]
+    assert len(commands) == 6 and "--arm search-r1 --seed 0" in commands[0] and "--seed 1" in commands[-1]
     assert all(c.endswith("--resume") for c in commands)
 
 
@@ -82,3 +84,12 @@ def test_merged_pool_skips_evaluation_splits_and_alternates(tmp_path):
 def test_gpu_config_is_a_valid_run_config():
     config = load_run_config(CONFIG.parent / "gpu-qwen2.5-3b.toml")
     assert config.algo.gamma == 0.02 and config.algo.group_size >= 2
+
+
+def test_a_run_records_the_commit_of_the_plan_it_runs_under():
+    from experiments.comparison import PLAN, git_commit
+
+    plan_commit, head = git_commit(PLAN), git_commit()
+    if head is None:
+        pytest.skip("not a git checkout")
+    assert plan_commit is not None and len(plan_commit) == 40  # the plan is committed: runs can name it
