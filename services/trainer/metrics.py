@@ -38,6 +38,10 @@ ROUND_GAUGES: list[tuple[str, str, str, float]] = [
     ("bridge_trainer_q_share", "time/q_share", "Share of the round's time spent on Q_theta", 1.0),
     ("bridge_trainer_peak_memory_bytes", "memory/peak_mb", "Peak resident memory of the training process", 2**20),
     ("bridge_trainer_fresh_reward_mean", "fresh/reward/mean", "Mean reward of the fresh rollouts (fresh mode)", 1.0),
+    ("bridge_trainer_gate_accepted", "gate/accepted", "1 when the gate let the latest round's pair go live", 1.0),
+    ("bridge_trainer_gate_canary_em", "gate/em_candidate", "Canary EM of the latest round's candidate pair", 1.0),
+    ("bridge_trainer_gate_serving_em", "gate/em_serving", "Canary EM of the pair serving when it was judged", 1.0),
+    ("bridge_trainer_gate_seconds", "gate/seconds", "Wall time of the latest round's gate", 1.0),
 ]
 
 
@@ -76,11 +80,15 @@ class RunMetricsCollector(Collector):
         gauges = {key: (GaugeMetricFamily(name, doc, labels=LABELS), scale) for name, key, doc, scale in ROUND_GAUGES}
         losses = GaugeMetricFamily("bridge_trainer_loss", "The round's losses by term", labels=[*LABELS, "term"])
         rounds = CounterMetricFamily("bridge_trainer_rounds_published", "Rounds published", labels=LABELS)
+        rejected = CounterMetricFamily("bridge_trainer_rounds_rejected", "Rounds the promotion gate kept back",
+                                       labels=LABELS)  # fmt: skip
         status = GaugeMetricFamily("bridge_trainer_run_status", "1 for the run's status", labels=[*LABELS, "status"])
         versions = InfoMetricFamily("bridge_trainer_versions", "Versions the latest round published", labels=LABELS)
         for state, row in self.runs():
             labels = [state["config"]["run_id"], state["config"]["algo"]["algo"]]
-            rounds.add_metric(labels, state.get("next_round", 0))
+            kept_back = len(state.get("rejected", []))
+            rounds.add_metric(labels, state.get("next_round", 0) - kept_back)
+            rejected.add_metric(labels, kept_back)
             status.add_metric([*labels, state.get("status", "running")], 1)
             if row is None:
                 continue
@@ -93,7 +101,7 @@ class RunMetricsCollector(Collector):
             versions.add_metric(labels, {"retriever_version": str(row.get("retriever_version")),
                                          "policy_version": str(row.get("policy_version"))})  # fmt: skip
         yield from (family for family, _ in gauges.values())
-        yield from (losses, rounds, status, versions)
+        yield from (losses, rounds, rejected, status, versions)
 
 
 PORTS_TRIED = 32  # the configured port and the next ones: one each for the workers of one host

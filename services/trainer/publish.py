@@ -1,5 +1,5 @@
-"""The publish step: retriever first, then policy; then the round's trajectories are acknowledged and the
-run advances."""
+"""The publish step: the promotion gate when the run has one (services/trainer/gate.py), then retriever first,
+policy second; then the round's trajectories are acknowledged and the run advances."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 from services.common.checkpoints import write_json_atomic
 from services.common.clients.policy import PolicyClient
 from services.common.clients.retriever import RetrieverClient
+from services.trainer.collect import run_versions
+from services.trainer.gate import GateDecision, judge
 from services.trainer.plan import Phase
 from services.trainer.rollout import drop_group, group_name
 from services.trainer.round_files import (
@@ -21,7 +23,7 @@ from services.trainer.round_files import (
     round_dir,
     source_stream,
 )
-from services.trainer.run_state import Published, RunState, append_metrics
+from services.trainer.run_state import Published, Rejected, RunState, append_metrics
 from services.trainer.settings import TrainerSettings
 from services.trainer.trackers import log_round
 
@@ -41,6 +43,38 @@ def publish_retriever(settings: TrainerSettings, folder: Path, version: str) -> 
     return activated_at
 
 
+def activate(settings: TrainerSettings, state: RunState, folder: Path, trained: dict) -> dict[str, float]:
+    """Retriever first, then policy; the run's state takes the new versions (saved by the caller). Returns when
+    each went live."""
+    activated_at = {}
+    if trained["retriever"]:
+        activated_at["retriever"] = publish_retriever(settings, folder, trained["retriever"])
+        state.retriever_version = trained["retriever"]
+        state.retriever_weights = str(settings.checkpoint_root / trained["retriever"] / "query_encoder.safetensors")
+    if trained["policy"]:
+        with PolicyClient(settings.policy_url, admin_token=settings.services_admin_token(), timeout=600) as client:
+            client.register(trained["policy"])
+            client.activate(trained["policy"])
+        activated_at["policy"] = time.time()
+        state.policy_version = trained["policy"]
+        state.policy_adapter = str(settings.checkpoint_root / trained["policy"])
+    return activated_at
+
+
+def gate_round(settings: TrainerSettings, state: RunState, folder: Path, trained: dict) -> GateDecision:
+    """Register the round's checkpoints (not activated), then let the gate judge them against the serving pair."""
+    token = settings.services_admin_token()
+    if trained["retriever"]:
+        with RetrieverClient(settings.retriever_url, admin_token=token, timeout=600) as client:
+            client.register(trained["retriever"])
+    if trained["policy"]:
+        with PolicyClient(settings.policy_url, admin_token=token, timeout=600) as client:
+            client.register(trained["policy"])
+    serving = run_versions(state)
+    candidate = (trained["policy"] or serving[0], trained["retriever"] or serving[1])
+    return judge(settings, state.config, folder, serving, candidate)
+
+
 def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase = "round") -> bool:
     """Retriever first, then policy; then acknowledge the round's trajectories (both collections of a fresh
     round) and advance the run. A fresh round's retriever half only activates the retriever."""
@@ -53,19 +87,9 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
             publish_retriever(settings, folder, version)
         return True
     trained = json.loads((folder / TRAINED[phase]).read_text())
-    token = settings.services_admin_token()
-    activated_at = {}
-    if trained["retriever"]:
-        activated_at["retriever"] = publish_retriever(settings, folder, trained["retriever"])
-        state.retriever_version = trained["retriever"]
-        state.retriever_weights = str(settings.checkpoint_root / trained["retriever"] / "query_encoder.safetensors")
-    if trained["policy"]:
-        with PolicyClient(settings.policy_url, admin_token=token, timeout=600) as client:
-            client.register(trained["policy"])
-            client.activate(trained["policy"])
-        activated_at["policy"] = time.time()
-        state.policy_version = trained["policy"]
-        state.policy_adapter = str(settings.checkpoint_root / trained["policy"])
+    gate = gate_round(settings, state, folder, trained) if state.config.gate.canary else None
+    accepted = gate is None or gate.accepted
+    activated_at = activate(settings, state, folder, trained) if accepted else {}
     r = redis_client(settings)
     if trained["entry_ids"]:
         # On the stream they came from: a live round's stay pending on the feedback stream otherwise, and the
@@ -77,7 +101,11 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
                     for name in ("first", "fresh") if (path := folder / f"requested-{name}.json").exists()}  # fmt: skip
     row = {
         "round": round_index, **trained["rollout_metrics"], **stats, **fresh,
-        "retriever_version": trained["retriever"], "policy_version": trained["policy"],
+        "retriever_version": trained["retriever"] if accepted else None,
+        "policy_version": trained["policy"] if accepted else None,
+        **({} if gate is None else gate.row()),
+        **({} if accepted else {"rejected/retriever_version": trained["retriever"],
+                                "rejected/policy_version": trained["policy"]}),
         **({"retriever_unchanged": trained["retriever_unchanged"]} if "retriever_unchanged" in trained else {}),
         "activated_at": activated_at, "requested_at": requested_at, "time/train_s": trained["time/train_s"],
         "memory/peak_mb": trained["memory/peak_mb"],
@@ -87,12 +115,17 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
         "policy_step/trajectories": len(trained["policy_step/trajectories"]),
     }  # fmt: skip
     append_metrics(settings.runs_dir, run_id, row)
-    state.published.append(
-        Published(round=round_index, retriever_version=trained["retriever"], policy_version=trained["policy"])
-    )
-    state.lam = stats.get("lambda_next", state.lam)
-    if (folder / OPTIMIZER_DIR).exists():
-        state.optimizer_dir = str(folder / OPTIMIZER_DIR)
+    if accepted:
+        state.published.append(
+            Published(round=round_index, retriever_version=trained["retriever"], policy_version=trained["policy"])
+        )
+        state.lam = stats.get("lambda_next", state.lam)
+        if (folder / OPTIMIZER_DIR).exists():
+            state.optimizer_dir = str(folder / OPTIMIZER_DIR)
+    else:  # the next round starts from the serving weights, their optimizer state and their lambda
+        state.rejected.append(Rejected(round=round_index, retriever_version=trained["retriever"],
+                                       policy_version=trained["policy"], reason=gate.reason))  # fmt: skip
+        log.warning("run %s round %d: the gate kept its checkpoints back: %s", run_id, round_index, gate.reason)
     if state.config.source == "live":
         mean_reward = trained["rollout_metrics"]["reward/mean"]
         decay = state.config.baseline_decay

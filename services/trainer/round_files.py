@@ -77,6 +77,8 @@ def start_run(settings: TrainerSettings, config: RunConfig, data: DataRows | Non
             data = data or training_data(config.data, settings.qa_dir)
         else:
             pool_questions(settings, config.dataset)
+    if config.gate.canary:  # a canary that cannot be drawn fails the run now, not at its first publish
+        canary_questions(settings, config)
     folder.mkdir(parents=True, exist_ok=True)
     if data is not None and config.data is not None:
         write_questions(folder / QUESTIONS, data.rows)
@@ -115,11 +117,24 @@ def pool_questions(settings: TrainerSettings, dataset: str) -> list[dict]:
         raise FileNotFoundError(f"{exc} (set BRIDGE_TRAINER_QA_DIR)") from exc
 
 
+def canary_questions(settings: TrainerSettings, config: RunConfig) -> list[dict]:
+    """The promotion gate's canary (services/trainer/gate.py): the first `gate.canary` questions of the canary
+    dataset's training pool, in file order, which the run's own training draws leave out."""
+    pool = pool_questions(settings, config.canary_dataset)
+    if len(pool) <= config.gate.canary:
+        raise ValueError(f"{config.canary_dataset}'s training pool has {len(pool)} questions: too few for a canary of "
+                         f"{config.gate.canary} and a round to train on")  # fmt: skip
+    return pool[: config.gate.canary]
+
+
 def run_questions(settings: TrainerSettings, config: RunConfig) -> list[dict]:
     """The training questions of a run: <run>/questions.jsonl for a run on its own data, else the dataset's
     training pool."""
     if config.data is None:
-        return pool_questions(settings, config.dataset)
+        pool = pool_questions(settings, config.dataset)
+        if config.gate.canary and config.canary_dataset == config.dataset:
+            return pool[len(canary_questions(settings, config)) :]  # the canary is never trained on
+        return pool
     with (settings.runs_dir / config.run_id / QUESTIONS).open() as fh:
         return [json.loads(line) for line in fh if line.strip()]
 

@@ -19,6 +19,33 @@ from services.trainer.trackers import TrackerName, default_trackers, tracker_nam
 log = logging.getLogger(__name__)
 
 
+class GateConfig(BaseModel):
+    """The promotion gate (services/trainer/gate.py): a round's checkpoints are activated only if the candidate
+    pair answers a fixed canary set about as well as the serving pair."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    canary: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="Canary questions (0: no gate): the first ones of the canary dataset's training pool, held out "
+        "of the run's training draws, never the evaluation split.",
+    )
+    dataset: str | None = Field(
+        None, description="The training pool the canary comes from; null: the run's dataset (a live run must name one)."
+    )
+    max_em_drop: float = Field(
+        0.05, ge=0, le=1, description="Reject when the candidate's canary EM is this much below the serving pair's."
+    )
+    alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Reject when the candidate answers worse on the canary by a sign test at this level.",
+    )
+
+
 class RunConfig(BaseModel):
     """Everything that shapes a training run: one TOML file (`bridge-rl train --print-config` writes the
     defaults), validated here, saved into the run folder and into every checkpoint's manifest."""
@@ -67,6 +94,7 @@ class RunConfig(BaseModel):
         "mlflow; [] for none. Default: tensorboard where it is installed (the trackers extra), else none. Files "
         "under the run's folder (docs/training.md, Experiment trackers).",
     )
+    gate: GateConfig = Field(default_factory=GateConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
 
     @field_validator("report_to", mode="before")
@@ -81,7 +109,18 @@ class RunConfig(BaseModel):
             raise ValueError("policy_rollouts='fresh' needs questions to ask again; live runs have only served ones")
         if self.source == "live" and self.data is not None:
             raise ValueError("data gives questions to ask; live runs train on served ones")
+        if self.gate.canary and self.algo.policy_rollouts == "fresh":
+            raise ValueError("the gate scores a round's pair before either goes live; policy_rollouts='fresh' "
+                             "activates the retriever mid-round")  # fmt: skip
+        if self.gate.canary and self.source == "live" and self.gate.dataset is None:
+            raise ValueError("a live run's gate needs gate.dataset: the training pool its canary comes from")
+        if self.gate.canary and self.data is not None and self.gate.dataset is None:
+            raise ValueError("a run on its own data needs gate.dataset: the training pool its canary comes from")
         return self
+
+    @property
+    def canary_dataset(self) -> str:
+        return self.gate.dataset or self.dataset
 
 
 class Published(BaseModel):
@@ -90,12 +129,22 @@ class Published(BaseModel):
     policy_version: str | None
 
 
+class Rejected(BaseModel):
+    """A round whose checkpoints the gate kept back: registered, never activated."""
+
+    round: int
+    retriever_version: str | None
+    policy_version: str | None
+    reason: str
+
+
 class RunState(BaseModel):
     config: RunConfig
     status: Literal["running", "done", "failed"] = "running"
     next_round: int = 0
     lam: float
     published: list[Published] = Field(default_factory=list)
+    rejected: list[Rejected] = Field(default_factory=list, description="Rounds the promotion gate kept back.")
     retriever_weights: str | None = Field(None, description="Last published query tower (safetensors path).")
     policy_adapter: str | None = Field(None, description="Last published LoRA adapter folder.")
     optimizer_dir: str | None = Field(None, description="The optimizers' state after the last published round.")
