@@ -294,3 +294,44 @@ def test_kill_9_worker_mid_train_then_resume_loses_and_repeats_nothing(stack):
     assert group not in {g["name"] for g in r.xinfo_groups(env["BRIDGE_TRAINER_TRAJECTORY_STREAM"])}  # run done
     assert httpx.get(stack["policy"].url + "/v1/checkpoints").json()["active"] == f"{run_id}-r0-policy"
     assert httpx.get(stack["retriever"].url + "/v1/checkpoints").json()["active"] == f"{run_id}-r0-retriever"
+
+
+@pytest.mark.heavy
+def test_the_gate_keeps_a_round_made_bad_on_purpose_back(stack):
+    """Issue 58: a round at 100x the default policy learning rate answers the canary worse than the serving pair,
+    so the gate keeps its checkpoints back: registered, never active, the run's state still on the serving pair,
+    and no served request fails meanwhile."""
+    import threading
+
+    retriever, policy = stack["retriever"], stack["policy"]
+    active = (httpx.get(policy.url + "/v1/checkpoints").json()["active"],
+              httpx.get(retriever.url + "/v1/checkpoints").json()["active"])  # fmt: skip
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def users() -> None:
+        while not stop.is_set():
+            response = httpx.post(policy.url + "/v1/agent/query", json={"question": "Who wrote Hamlet?",
+                                  "max_turns": 1}, timeout=600)  # fmt: skip
+            statuses.append(response.status_code)
+
+    thread = threading.Thread(target=users)
+    thread.start()
+    try:
+        train(stack, "--algo", "search-r1", "--dataset", "hotpotqa", "--rounds", "1", "--questions-per-round", "2",
+              "--group-size", "2", "--seed", "0", "--max-turns", "1", "--set", "algo.policy_lr=0.01",
+              "--set", "gate.canary=8", "--set", "gate.max_em_drop=0", "--run-id", "it-gate")  # fmt: skip
+    finally:
+        stop.set()
+        thread.join()
+    [row] = metrics(stack, "it-gate")
+    assert row["gate/em_serving"] > 0, row  # the serving pair answers some of the canary: a drop can show
+    assert row["gate/accepted"] == 0 and row["gate/em_candidate"] < row["gate/em_serving"], row
+    assert row["policy_version"] is None and row["rejected/policy_version"] == "it-gate-r0-policy"
+    state = json.loads((stack["dir"] / "trainer/runs/it-gate/state.json").read_text())
+    assert state["status"] == "done" and state["policy_version"] is None and state["published"] == []
+    assert [r["policy_version"] for r in state["rejected"]] == ["it-gate-r0-policy"]
+    listing = httpx.get(policy.url + "/v1/checkpoints").json()
+    assert listing["active"] == active[0] and "it-gate-r0-policy" in {c["version"] for c in listing["checkpoints"]}
+    assert httpx.get(retriever.url + "/v1/checkpoints").json()["active"] == active[1]
+    assert statuses and set(statuses) == {200}
