@@ -191,6 +191,9 @@ def train(
     if state.status == "failed":
         typer.echo(f"run failed: {state.error}", err=True)
         raise typer.Exit(1)
+    if state.status == "paused":
+        typer.echo(f"run paused: {state.error} (bridge-rl train --run-id {run_id} --resume goes on)", err=True)
+        raise typer.Exit(3)
 
 
 def _retriever_outcome(row: dict) -> str:

@@ -128,6 +128,21 @@ def student_t_two_sided_p(t: float, df: float) -> float:
     return regularized_beta(df / (df + t * t), df / 2.0, 0.5)
 
 
+def welch_lower_p(a: tuple[int, float, float], b: tuple[int, float, float]) -> float:
+    """One-sided Welch test of H1: mean(b) < mean(a), from each sample's (n, mean, variance with n - 1). With zero
+    spread in both, p is 0 when b's mean is lower and 1 otherwise (the statistic is infinite or undefined)."""
+    (na, ma, va), (nb, mb, vb) = a, b
+    if na < 2 or nb < 2:
+        return 1.0
+    se2 = va / na + vb / nb
+    if se2 == 0:
+        return 0.0 if mb < ma else 1.0
+    t = (mb - ma) / math.sqrt(se2)
+    df = se2**2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
+    half = student_t_two_sided_p(t, df) / 2
+    return half if t < 0 else 1.0 - half
+
+
 class TTest(BaseModel):
     """One-sample t-test of mean(values) = 0 (two-sided), with the t interval of the mean."""
 

@@ -11,6 +11,7 @@ from services.common.clients.policy import PolicyClient
 from services.common.registry import BASE_VERSION
 from services.trainer import plan
 from services.trainer.plan import Phase
+from services.trainer.rollback import watch
 from services.trainer.rollout import (
     check_versions,
     complete_groups,
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 
 
 def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase = "round") -> str:
-    """Trajectories for the round: "ready", "skip" (already published) or "wait" (live: not enough yet).
+    """Trajectories for the round: "ready", "skip" (already published), "wait" (live: not enough yet) or
+    "paused" (live: the newest version served worse than the one before and was rolled back).
 
     The policy phase of a fresh round asks the same questions again, after its retriever went live."""
     state = RunState.load(settings.runs_dir, run_id)
@@ -88,7 +90,10 @@ def run_versions(state: RunState) -> tuple[str, str]:
 def fresh_versions(state: RunState) -> list[str]:
     """The policy versions a live trajectory may come from, oldest first: the newest `max_staleness + 1` of this
     run."""
-    versions = [state.initial_policy_version] + [p.policy_version for p in state.published if p.policy_version]
+    undone = {r.round for r in state.rolled_back}
+    versions = [state.initial_policy_version] + [
+        p.policy_version for p in state.published if p.policy_version and p.round not in undone
+    ]
     return list(dict.fromkeys(versions))[-(state.config.max_staleness + 1) :]
 
 
@@ -96,9 +101,11 @@ def collect_live(settings: TrainerSettings, state: RunState, round_index: int, o
     run_id = state.config.run_id
     stream = source_stream(settings, state.config)  # where publish acknowledges them
     r = redis_client(settings)
-    entries, dropped, _ = take_live(r, stream, run_id, state.config.live_batch, fresh_versions(state))
+    entries, dropped, _, feedback = take_live(r, stream, run_id, state.config.live_batch, fresh_versions(state))
     if dropped:
         log.info("run %s: dropped %d stale or unrewarded live trajectories", run_id, dropped)
+    if watch(settings, state, feedback) is not None:
+        return "paused"  # rolled back to the previous pair: the run waits for --resume
     if len(entries) < state.config.live_batch:
         return "wait"  # they stay pending for this run's group and are re-claimed on the next look
     write_json_atomic(out.with_name("items.json"), [])

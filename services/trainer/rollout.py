@@ -205,6 +205,7 @@ class LiveTake(NamedTuple):
     entries: list[tuple[str, TrajectoryRecord]]  # in arrival order
     dropped: int  # stale, unrewarded or repeated: acknowledged
     lost: int  # pending for the run, then trimmed from the stream before a round took them
+    feedback: list[tuple[str, float]]  # (policy version, reward) of every rewarded entry read for the first time
 
 
 def take_live(r: redis.Redis, stream: str, run_id: str, want: int, fresh_versions: list[str]) -> LiveTake:
@@ -220,11 +221,14 @@ def take_live(r: redis.Redis, stream: str, run_id: str, want: int, fresh_version
     fresh: dict[str, TrajectoryRecord] = {}
     taken_ids: set[str] = set()
     dropped = 0
+    feedback: list[tuple[str, float]] = []
 
-    def consider(entries) -> None:
+    def consider(entries, first_read: bool = False) -> None:
         nonlocal dropped
         for entry_id, fields in entries:
             record = TrajectoryRecord.model_validate_json(fields["data"])
+            if first_read and record.reward is not None:  # a group delivers an entry once: counted once
+                feedback.append((record.policy_version, record.reward))
             if record.reward is None or record.policy_version not in rank or record.id in taken_ids:
                 # the same trajectory twice (a feedback stream fed by other writers): one training sample
                 r.xack(stream, group, entry_id)
@@ -239,6 +243,6 @@ def take_live(r: redis.Redis, stream: str, run_id: str, want: int, fresh_version
     consider(claimed)
     while response := r.xreadgroup(group, consumer, {stream: ">"}, count=500):  # and everything new
         for _, entries in response:
-            consider(entries)
+            consider(entries, first_read=True)
     freshest = sorted(fresh, key=lambda e: (rank[fresh[e].policy_version], entry_order(e)), reverse=True)[:want]
-    return LiveTake([(e, fresh[e]) for e in sorted(freshest, key=entry_order)], dropped, lost)
+    return LiveTake([(e, fresh[e]) for e in sorted(freshest, key=entry_order)], dropped, lost, feedback)

@@ -46,6 +46,21 @@ class GateConfig(BaseModel):
     )
 
 
+class RollbackConfig(BaseModel):
+    """Rollback from served traffic (services/trainer/rollback.py): a live run compares the rewards users give the
+    newest accepted version with those its predecessor got, and rolls both services back on a significant drop."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    window: int = Field(
+        0, ge=0, le=100_000, description="Rewarded answers each version needs before they are compared (0: no watch)."
+    )
+    alpha: float = Field(
+        0.01, gt=0, lt=1, description="False-alarm rate of one version's watch over all its looks (alpha / looks each)."
+    )
+    looks: int = Field(20, ge=1, le=10_000, description="Tests of one version at most, each once more feedback came.")
+
+
 class RunConfig(BaseModel):
     """Everything that shapes a training run: one TOML file (`bridge-rl train --print-config` writes the
     defaults), validated here, saved into the run folder and into every checkpoint's manifest."""
@@ -95,6 +110,7 @@ class RunConfig(BaseModel):
         "under the run's folder (docs/training.md, Experiment trackers).",
     )
     gate: GateConfig = Field(default_factory=GateConfig)
+    rollback: RollbackConfig = Field(default_factory=RollbackConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
 
     @field_validator("report_to", mode="before")
@@ -114,6 +130,8 @@ class RunConfig(BaseModel):
                              "activates the retriever mid-round")  # fmt: skip
         if self.gate.canary and self.source == "live" and self.gate.dataset is None:
             raise ValueError("a live run's gate needs gate.dataset: the training pool its canary comes from")
+        if self.rollback.window and self.source != "live":
+            raise ValueError("rollback watches served feedback: only a live run (source = 'live') has it")
         if self.gate.canary and self.data is not None and self.gate.dataset is None:
             raise ValueError("a run on its own data needs gate.dataset: the training pool its canary comes from")
         return self
@@ -138,13 +156,23 @@ class Rejected(BaseModel):
     reason: str
 
 
+class RolledBack(BaseModel):
+    """An accepted round that served worse than its predecessor and was rolled back (services/trainer/rollback.py)."""
+
+    round: int
+    retriever_version: str | None
+    policy_version: str | None
+    reason: str
+
+
 class RunState(BaseModel):
     config: RunConfig
-    status: Literal["running", "done", "failed"] = "running"
+    status: Literal["running", "done", "failed", "paused"] = "running"
     next_round: int = 0
     lam: float
     published: list[Published] = Field(default_factory=list)
     rejected: list[Rejected] = Field(default_factory=list, description="Rounds the promotion gate kept back.")
+    rolled_back: list[RolledBack] = Field(default_factory=list, description="Rounds rolled back from served traffic.")
     retriever_weights: str | None = Field(None, description="Last published query tower (safetensors path).")
     policy_adapter: str | None = Field(None, description="Last published LoRA adapter folder.")
     optimizer_dir: str | None = Field(None, description="The optimizers' state after the last published round.")

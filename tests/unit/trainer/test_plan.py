@@ -145,11 +145,11 @@ def test_live_rounds_take_the_freshest_trajectories_and_drop_the_stale():
         add("v2-0", "v2")
         add("v2-unrewarded", "v2", reward=None)
         add("v2-1", "v2")
-        taken, dropped, _ = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
+        taken, dropped, *_ = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
         assert [rec.id for _, rec in taken] == ["v1-2", "v2-0", "v2-1"]  # arrival order among the chosen
         assert dropped == 5  # four of v0 and the unrewarded one, acknowledged
         assert r.xpending(stream, group_name(run))["pending"] == 5  # the three taken and v1-0, v1-1 for later
-        taken, dropped, _ = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
+        taken, dropped, *_ = take_live(r, stream, run, want=3, fresh_versions=["v1", "v2"])
         assert [rec.id for _, rec in taken] == ["v1-2", "v2-0", "v2-1"] and dropped == 0  # a retry takes the same
     finally:
         r.delete(stream)
@@ -172,7 +172,7 @@ def test_a_live_round_takes_each_trajectory_once():
         for trajectory_id, reward in (("t1", 1.0), ("t2", 0.0), ("t1", 0.0)):
             rec = record(trajectory_id, "q1", 0).model_copy(update={"policy_version": "v1", "reward": reward})
             r.xadd(stream, {"data": rec.model_dump_json()})
-        taken, dropped, _ = take_live(r, stream, run, want=3, fresh_versions=["v1"])
+        taken, dropped, *_ = take_live(r, stream, run, want=3, fresh_versions=["v1"])
         assert sorted(rec.id for _, rec in taken) == ["t1", "t2"] and dropped == 1
         assert r.xpending(stream, group_name(run))["pending"] == 2
     finally:
