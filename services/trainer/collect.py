@@ -8,7 +8,6 @@ import time
 
 from services.common.checkpoints import write_json_atomic
 from services.common.clients.policy import PolicyClient
-from services.common.registry import BASE_VERSION
 from services.trainer import plan
 from services.trainer.plan import Phase
 from services.trainer.rollback import watch
@@ -84,7 +83,10 @@ def collect(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
 def run_versions(state: RunState) -> tuple[str, str]:
     """(policy, retriever) versions the run's next rollouts must come from: the last it published, else the ones
     it started from (the trainer's base models)."""
-    return state.policy_version or state.initial_policy_version, state.retriever_version or BASE_VERSION
+    return (
+        state.policy_version or state.initial_policy_version,
+        state.retriever_version or state.initial_retriever_version,
+    )
 
 
 def fresh_versions(state: RunState) -> list[str]:

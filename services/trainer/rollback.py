@@ -74,7 +74,7 @@ class Pair(BaseModel):
 def accepted_pairs(state: RunState) -> list[Pair]:
     """The pairs the run made live, oldest first, less those rolled back."""
     undone = {r.round for r in state.rolled_back}
-    pairs = [Pair(policy=state.initial_policy_version, retriever=BASE_VERSION, round=None)]
+    pairs = [Pair(policy=state.initial_policy_version, retriever=state.initial_retriever_version, round=None)]
     for published in state.published:
         if published.round in undone:
             continue

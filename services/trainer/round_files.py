@@ -13,6 +13,7 @@ from pathlib import Path
 import redis
 
 from services.common.clients.policy import PolicyClient
+from services.common.clients.retriever import RetrieverClient
 from services.common.schemas.policy import ServingConfig
 from services.data.files import DataRows
 from services.data.split import training_data, training_questions
@@ -67,11 +68,13 @@ def start_run(settings: TrainerSettings, config: RunConfig, data: DataRows | Non
     folder = settings.runs_dir / config.run_id
     if RunState.path(settings.runs_dir, config.run_id).exists():
         return RunState.load(settings.runs_dir, config.run_id)
-    initial_policy = "base"
-    if config.source == "live":  # served trajectories come from whatever policy is live now
+    initial_policy = initial_retriever = "base"
+    if config.source == "live":  # served trajectories come from whatever pair is live now
         with PolicyClient(settings.policy_url) as client:
             check_live_traffic(config, client.serving())
             initial_policy = client.checkpoints().active
+        with RetrieverClient(settings.retriever_url) as client:
+            initial_retriever = client.checkpoints().active
     if config.source != "live":  # fail now, not in a worker, when there are no questions
         if config.data is not None:
             data = data or training_data(config.data, settings.qa_dir)
@@ -86,7 +89,7 @@ def start_run(settings: TrainerSettings, config: RunConfig, data: DataRows | Non
     ensure_group(r, source_stream(settings, config), config.run_id)
     state = RunState(config=config, lam=config.algo.initial_lambda)
     (folder / "config.toml").write_text(to_toml(config))
-    state.initial_policy_version = initial_policy
+    state.initial_policy_version, state.initial_retriever_version = initial_policy, initial_retriever
     state.save(settings.runs_dir)
     return state
 

@@ -180,6 +180,9 @@ class RunState(BaseModel):
     policy_version: str | None = None
     error: str | None = None
     initial_policy_version: str = Field("base", description="The policy serving when the run started.")
+    initial_retriever_version: str = Field(
+        "base", description="The retriever the run's first rollouts search with (live: the one serving at its start)."
+    )
     reward_baseline: float | None = Field(None, description="Live: running mean reward (advantage baseline).")
     chain_id: str = Field(
         default_factory=lambda: uuid.uuid4().hex,

@@ -335,3 +335,33 @@ def test_the_gate_keeps_a_round_made_bad_on_purpose_back(stack):
     assert listing["active"] == active[0] and "it-gate-r0-policy" in {c["version"] for c in listing["checkpoints"]}
     assert httpx.get(retriever.url + "/v1/checkpoints").json()["active"] == active[1]
     assert statuses and set(statuses) == {200}
+
+
+@pytest.mark.heavy
+def test_a_version_users_reward_less_is_rolled_back(stack):
+    """Issue 58: a live round's version goes live (no gate); the feedback its answers get is made adversarial (0
+    where its predecessor's got 1), so the watch rolls both services back to the pair that served before and
+    pauses the run, and every request meanwhile is answered."""
+    retriever, policy = stack["retriever"], stack["policy"]
+    before = (httpx.get(policy.url + "/v1/checkpoints").json()["active"],
+              httpx.get(retriever.url + "/v1/checkpoints").json()["active"])  # fmt: skip
+    questions = [json.loads(line) for line in (REPO / "services/demo_data/hotpotqa_train.jsonl").open()][:7]
+    train(stack, "--source", "live", "--algo", "search-r1", "--live-batch", "4", "--rounds", "3",
+          "--run-id", "it-rollback", "--set", "rollback.window=3", "--no-wait")  # fmt: skip
+    serve_with_feedback(stack, questions[:4], lambda i, q: {"reward": 1.0})  # the serving pair, rewarded
+    state_path = stack["dir"] / "trainer/runs/it-rollback/state.json"
+    deadline = time.monotonic() + 1200
+    while json.loads(state_path.read_text())["next_round"] < 1:
+        assert time.monotonic() < deadline, (stack["dir"] / "worker.log").read_text()[-3000:]
+        time.sleep(2)
+    assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == "it-rollback-r0-policy"
+    serve_with_feedback(stack, questions[4:], lambda i, q: {"reward": 0.0})  # its answers, made adversarial
+    while (state := json.loads(state_path.read_text()))["status"] == "running":
+        assert time.monotonic() < deadline, (stack["dir"] / "worker.log").read_text()[-3000:]
+        time.sleep(2)
+    assert state["status"] == "paused" and "rolled back to" in state["error"], state
+    assert [r["policy_version"] for r in state["rolled_back"]] == ["it-rollback-r0-policy"]
+    assert httpx.get(policy.url + "/v1/checkpoints").json()["active"] == before[0]
+    assert httpx.get(retriever.url + "/v1/checkpoints").json()["active"] == before[1]
+    feedback = json.loads((stack["dir"] / "trainer/runs/it-rollback/feedback.json").read_text())["versions"]
+    assert feedback[before[0]]["n"] == 4 and feedback["it-rollback-r0-policy"]["n"] == 3
