@@ -185,8 +185,8 @@ def train(
     for row in read_metrics(settings.runs_dir, run_id):
         typer.echo(
             f"round {row['round']}: reward {row['reward/mean']:.3f} em {row['em/mean']:.3f} f1 {row['f1/mean']:.3f} "
-            f"recall {row['recall/support']:.3f} lambda {row['lambda']:.2f} -> {_retriever_outcome(row)}, "
-            f"policy {row['policy_version']} ({row['time/train_s']:.0f}s, {row['memory/peak_mb']:.0f} MB)"
+            f"recall {row['recall/support']:.3f} lambda {row['lambda']:.2f} -> {_round_outcome(row)} "
+            f"({row['time/train_s']:.0f}s, {row['memory/peak_mb']:.0f} MB)"
         )
     if state.status == "failed":
         typer.echo(f"run failed: {state.error}", err=True)
@@ -196,11 +196,13 @@ def train(
         raise typer.Exit(3)
 
 
-def _retriever_outcome(row: dict) -> str:
-    """What a published round did to the retriever, as the console says it."""
+def _round_outcome(row: dict) -> str:
+    """What a round did to the services, as the console says it."""
+    if row.get("gate/accepted") == 0:
+        return f"kept back by the gate ({row['gate/reason']})"
     if reason := row.get("retriever_unchanged"):
-        return f"retriever: unchanged, {reason}"
-    return f"retriever {row['retriever_version']}"
+        return f"retriever: unchanged, {reason}, policy {row['policy_version']}"
+    return f"retriever {row['retriever_version']}, policy {row['policy_version']}"
 
 
 def _check_trackers(names: list[str]) -> None:
