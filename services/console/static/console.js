@@ -228,6 +228,13 @@ function drawPlots(container) {
   }
 }
 
+// The promotion gate's decision on a round (docs/training.md): kept back rounds name their reason.
+function gateCell(row) {
+  if (row["gate/accepted"] === undefined) return "–";
+  const em = `canary EM ${fmt(row["gate/em_candidate"])} vs ${fmt(row["gate/em_serving"])}`;
+  return row["gate/accepted"] ? `accepted, ${em}` : `kept back: ${row["gate/reason"]}`;
+}
+
 async function showRun(id) {
   const box = $("run-detail");
   try {
@@ -243,11 +250,11 @@ async function showRun(id) {
       plot("losses", rounds, lossKeys.map((k) => ({ label: k, values: col(k) }))),
     ] : [el("div", { class: "status" }, "no round published yet")];
     const table = el("table", { id: "round-table" },
-      el("thead", {}, el("tr", {}, ["round", "wall time (s)", "peak memory (MB)", "lambda", "retriever", "policy"]
+      el("thead", {}, el("tr", {}, ["round", "wall time (s)", "peak memory (MB)", "lambda", "retriever", "policy", "gate"]
         .map((h) => el("th", {}, h)))),
       el("tbody", {}, rows.map((r) => el("tr", {}, el("td", {}, r.round), el("td", {}, fmt(r["time/train_s"], 1)),
         el("td", {}, fmt(r["memory/peak_mb"], 0)), el("td", {}, fmt(r.lambda, 2)), el("td", {}, r.retriever_version ?? "–"),
-        el("td", {}, r.policy_version ?? "–")))));
+        el("td", {}, r.policy_version ?? "–"), el("td", { class: r["gate/accepted"] === 0 ? "error" : "" }, gateCell(r))))));
     const s = run.summary;
     box.replaceChildren(el("div", { class: "card", id: "run" },
       el("h3", {}, s.run_id), el("div", { class: "meta" }, `${s.algo} · estimator ${s.estimator || "–"} · ${s.dataset} · ` +
