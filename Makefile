@@ -15,7 +15,7 @@ demo: $(STAMP)
 	$(BIN)/bridge-rl demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not heavy"
+	$(BIN)/python -m pytest -q -m "not heavy" --durations=25
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
