@@ -72,7 +72,12 @@ def gate_round(settings: TrainerSettings, state: RunState, folder: Path, trained
             client.register(trained["policy"])
     serving = run_versions(state)
     candidate = (trained["policy"] or serving[0], trained["retriever"] or serving[1])
-    return judge(settings, state.config, folder, serving, candidate)
+    serving_adapter = Path(state.policy_adapter) if state.policy_adapter else None
+    weights = {
+        "serving": serving_adapter,
+        "candidate": settings.checkpoint_root / trained["policy"] if trained["policy"] else serving_adapter,
+    }
+    return judge(settings, state.config, folder, serving, candidate, weights)
 
 
 def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Phase = "round") -> bool:

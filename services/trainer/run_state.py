@@ -44,6 +44,13 @@ class GateConfig(BaseModel):
         lt=1,
         description="Reject when the candidate answers worse on the canary by a sign test at this level.",
     )
+    max_logprob_drop: float | None = Field(
+        1.0,
+        ge=0,
+        description="Reject when the candidate's mean log-probability of the gold answer, after its own canary "
+        "searches, is this many nats below the serving pair's (null: EM alone decides). Unlike EM it moves when "
+        "neither pair answers the canary.",
+    )
 
 
 class RollbackConfig(BaseModel):

@@ -31,6 +31,11 @@ def test_the_rule_rejects_a_drop_past_the_margin_or_a_significant_loss_and_accep
     assert accepted is False and "sign test" in why and numbers["p"] == pytest.approx(2 / 2**8)
     better = {**serving, **{f"q{i}": 1.0 for i in range(10, 14)}}
     assert decide(serving, better, gate)[0] is True
+    # where neither pair answers, the gold answer's log-probability still tells a collapse from no change
+    accepted, why, numbers = decide(serving, same, gate, logprobs=(-2.0, -6.5))
+    assert accepted is False and "fell 4.50 nats" in why and numbers["logprob_candidate"] == -6.5
+    assert decide(serving, same, gate, logprobs=(-2.0, -2.6))[0] is True  # within max_logprob_drop (1 nat)
+    assert decide(serving, same, GateConfig(canary=20, max_logprob_drop=None), logprobs=(-2.0, -9.0))[0] is True
 
 
 def write_pool(qa_dir, dataset: str, n: int) -> None:
