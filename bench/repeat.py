@@ -144,12 +144,12 @@ def repeat(measure: Callable[[int], Mapping[str, float]], times: int) -> list[Ra
 
 def unit(key: str) -> str:
     """Ratios print as "1.23x"; a key ending in `_s` is seconds (e.g. the seconds a Q sample adds), in `_ms`
-    milliseconds, and one naming a share is a fraction of 1."""
+    milliseconds, and one naming a share, a cosine or a (relative) difference is a plain number."""
     if key.endswith("_ms"):
         return " ms"
     if key.endswith("_s"):
         return " s"
-    return "" if "share" in key else "x"
+    return "" if any(word in key for word in ("share", "cosine", "difference")) else "x"
 
 
 def summary_lines(spreads: Mapping[str, Spread], cpu: Cpu) -> list[str]:
