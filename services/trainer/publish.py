@@ -23,7 +23,7 @@ from services.trainer.round_files import (
     round_dir,
     source_stream,
 )
-from services.trainer.run_state import Published, Rejected, RunState, append_metrics
+from services.trainer.run_state import HeldBack, Published, RunState, append_metrics
 from services.trainer.settings import TrainerSettings
 from services.trainer.trackers import log_round
 
@@ -128,7 +128,7 @@ def publish(settings: TrainerSettings, run_id: str, round_index: int, phase: Pha
         if (folder / OPTIMIZER_DIR).exists():
             state.optimizer_dir = str(folder / OPTIMIZER_DIR)
     else:  # the next round starts from the serving weights, their optimizer state and their lambda
-        state.rejected.append(Rejected(round=round_index, retriever_version=trained["retriever"],
+        state.rejected.append(HeldBack(round=round_index, retriever_version=trained["retriever"],
                                        policy_version=trained["policy"], reason=gate.reason))  # fmt: skip
         log.warning("run %s round %d: the gate kept its checkpoints back: %s", run_id, round_index, gate.reason)
     if state.config.source == "live":

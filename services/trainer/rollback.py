@@ -21,7 +21,7 @@ from services.common.clients.retriever import RetrieverClient
 from services.common.registry import BASE_VERSION
 from services.eval.stats import welch_lower_p
 from services.trainer.round_files import OPTIMIZER_DIR, round_dir
-from services.trainer.run_state import RolledBack, RunState
+from services.trainer.run_state import HeldBack, RunState
 from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def roll_back(settings: TrainerSettings, state: RunState, bad: Pair, good: Pair,
     optimizer = None if started else round_dir(settings, state.config.run_id, good.round) / OPTIMIZER_DIR
     state.optimizer_dir = str(optimizer) if optimizer is not None and optimizer.exists() else None
     assert bad.round is not None  # the run's first pair is never the newer of two
-    state.rolled_back.append(RolledBack(round=bad.round, policy_version=bad.policy, retriever_version=bad.retriever,
+    state.rolled_back.append(HeldBack(round=bad.round, policy_version=bad.policy, retriever_version=bad.retriever,
                                         reason=reason))  # fmt: skip
     state.status, state.error = "paused", reason
     state.save(settings.runs_dir)

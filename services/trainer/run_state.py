@@ -154,17 +154,9 @@ class Published(BaseModel):
     policy_version: str | None
 
 
-class Rejected(BaseModel):
-    """A round whose checkpoints the gate kept back: registered, never activated."""
-
-    round: int
-    retriever_version: str | None
-    policy_version: str | None
-    reason: str
-
-
-class RolledBack(BaseModel):
-    """An accepted round that served worse than its predecessor and was rolled back (services/trainer/rollback.py)."""
+class HeldBack(BaseModel):
+    """A round whose pair does not serve: kept back by the promotion gate (registered, never activated; in
+    `RunState.rejected`), or rolled back from served traffic after it went live (in `RunState.rolled_back`)."""
 
     round: int
     retriever_version: str | None
@@ -178,8 +170,8 @@ class RunState(BaseModel):
     next_round: int = 0
     lam: float
     published: list[Published] = Field(default_factory=list)
-    rejected: list[Rejected] = Field(default_factory=list, description="Rounds the promotion gate kept back.")
-    rolled_back: list[RolledBack] = Field(default_factory=list, description="Rounds rolled back from served traffic.")
+    rejected: list[HeldBack] = Field(default_factory=list, description="Rounds the promotion gate kept back.")
+    rolled_back: list[HeldBack] = Field(default_factory=list, description="Rounds rolled back from served traffic.")
     retriever_weights: str | None = Field(None, description="Last published query tower (safetensors path).")
     policy_adapter: str | None = Field(None, description="Last published LoRA adapter folder.")
     optimizer_dir: str | None = Field(None, description="The optimizers' state after the last published round.")
