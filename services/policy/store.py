@@ -41,12 +41,13 @@ def _unavailable_as_503(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaita
     return wrapper
 
 
-# KEYS: the feedback marker, the record, the feedback stream; ARGV: ttl, record json, id, reward.
+# KEYS: the feedback marker, the record, the feedback stream; ARGV: ttl, record json, id, reward. Returns the
+# feedback stream's length after the XADD (for its trim), 0 when the trajectory was rewarded before.
 _REWARD_ONCE = """
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[1])
 redis.call('XADD', KEYS[3], '*', 'id', ARGV[3], 'reward', ARGV[4], 'data', ARGV[2])
-return 1
+return redis.call('XLEN', KEYS[3])
 """
 
 
@@ -93,9 +94,10 @@ class TrajectoryStore:
                 data = record.model_dump_json()
                 pipe.set(self.key(record.id), data, ex=self.ttl_s)
                 pipe.xadd(self.stream, {"id": record.id, "data": data})
+            pipe.xlen(self.stream)  # in the same round trip: what the trim needs
             results = await pipe.execute()
-        await trim(self.redis, self.stream, self.bound, self.on_pinned_trim)
-        return [r for r in results[1::2]]
+        await trim(self.redis, self.stream, self.bound, self.on_pinned_trim, results[-1])
+        return results[1:-1:2]
 
     @_unavailable_as_503
     async def get(self, trajectory_id: str) -> TrajectoryRecord:
@@ -126,10 +128,10 @@ class TrajectoryStore:
         data = record.model_dump_json()
         keys = [self.feedback_key(record.id), self.key(record.id), self.feedback_stream]
         args = [self.ttl_s, data, record.id, json.dumps(record.reward)]
-        announced = bool(await self.redis.eval(_REWARD_ONCE, len(keys), *keys, *args))
-        if announced:
-            await trim(self.redis, self.feedback_stream, self.bound, self.on_pinned_trim)
-        return announced
+        length = await self.redis.eval(_REWARD_ONCE, len(keys), *keys, *args)  # 0: given before
+        if length:
+            await trim(self.redis, self.feedback_stream, self.bound, self.on_pinned_trim, length)
+        return bool(length)
 
     async def close(self) -> None:
         await self.redis.aclose()

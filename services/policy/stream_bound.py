@@ -63,12 +63,15 @@ async def needed_from(redis: aioredis.Redis, stream: str, group_idle_s: float) -
 
 
 async def trim(
-    redis: aioredis.Redis, stream: str, bound: StreamBound, on_pinned_trim: Callable[[str, int], None]
+    redis: aioredis.Redis,
+    stream: str,
+    bound: StreamBound,
+    on_pinned_trim: Callable[[str, int], None],
+    length: int,
 ) -> int:
-    """Trim `stream` towards `bound.maxlen`, sparing what active groups need; past `bound.hard_maxlen`, by count.
-    Returns the entries removed. `on_pinned_trim(stream, count)` hears of every entry removed that a group
-    needed."""
-    length = await redis.xlen(stream)
+    """Trim `stream` (`length` entries, as the writer's own XLEN read it along with its XADD) towards
+    `bound.maxlen`, sparing what active groups need; past `bound.hard_maxlen`, by count. Returns the entries
+    removed. `on_pinned_trim(stream, count)` hears of every entry removed that a group needed."""
     if length <= bound.maxlen + TRIM_SLACK:
         return 0
     floor, holders = await needed_from(redis, stream, bound.group_idle_s)
